@@ -1,0 +1,76 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared helpers for the test tiers.
+
+The CPU tier runs vLLM's real builders on the CPU. Anything about plugin
+loading runs in a *fresh interpreter*, the way vLLM loads plugins in each of
+its processes; the pytest process itself never loads the guard through vLLM,
+and tests that patch in-process undo it (:func:`unpatched`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+GUARD_LOG = "vllm-capture-guard:"
+
+
+def fresh_env(**overrides: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def run_fresh(
+    args: list[str], timeout: float = 600, **env: str | None
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a new interpreter; stdout and stderr captured."""
+    return subprocess.run(
+        [sys.executable, *args],
+        env=fresh_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_snippet(code: str, **env: str | None) -> tuple[Any, str]:
+    """Run ``code`` in a new interpreter; it must print one JSON line last.
+    Returns (that JSON, everything the process logged)."""
+    proc = run_fresh(["-c", code], **env)
+    logs = proc.stdout + proc.stderr
+    assert proc.returncode == 0, logs[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), logs
+
+
+def guard_lines(logs: str) -> list[str]:
+    return [line for line in logs.splitlines() if GUARD_LOG in line]
+
+
+@pytest.fixture(scope="session")
+def vllm_version() -> str:
+    from importlib.metadata import version
+
+    return version("vllm")
+
+
+@pytest.fixture
+def unpatched():
+    """Undo whatever the test patched in this process."""
+    from vllm_capture_guard.patches.registry import PATCHES
+
+    yield
+    for patch in reversed(PATCHES):
+        with contextlib.suppress(Exception):
+            patch.revert()
