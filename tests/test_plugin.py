@@ -30,7 +30,8 @@ r = plugin.report()
 print(json.dumps({
     "action": r.action, "mode": r.mode, "message": r.message,
     "rocm_modules": sorted(
-        m for m in sys.modules if m.startswith(("vllm.", "vllm_capture_guard.patches.")) and "rocm" in m
+        m for m in sys.modules
+        if m.startswith(("vllm.", "vllm_capture_guard.patches.")) and "rocm" in m
     ),
 }))
 """

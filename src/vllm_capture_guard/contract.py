@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -104,7 +103,7 @@ class Snapshot:
     def __init__(self, metadata: Any, names: Iterable[str] | None = None) -> None:
         if names is None:
             pairs: Iterable[tuple[str, Any]] = tensor_fields(metadata)
-        else:  # by name: cheap enough for every capture call
+        else:
             pairs = ((n, getattr(metadata, n, None)) for n in names)
         self._held: list[_Held] = []
         for name, obj in pairs:
@@ -149,14 +148,26 @@ def shares_memory(a: Any, b: Any) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-@contextmanager
-def preserved(metadata: Any, *names: str) -> Iterator[Snapshot]:
-    """Run a block, then put the named fields' values back as they were.
+class preserved:
+    """``with preserved(cm, "query_start_loc_cpu"): ...`` runs the block, then
+    puts the named fields' values back as they were.
 
-    Only the objects the metadata held on entry are restored, so a builder that
-    rebinds a field on its own copy keeps its private tensor."""
-    held = Snapshot(metadata, names)
-    try:
-        yield held
-    finally:
-        held.restore()
+    Only the tensors the metadata held on entry are restored, so a builder that
+    rebinds a field on its own copy keeps its private tensor. Kept lean (no
+    field scan, no comparison): the patches run it on every capture call."""
+
+    __slots__ = ("_saved",)
+
+    def __init__(self, metadata: Any, *names: str) -> None:
+        self._saved = [
+            (t, t.clone())
+            for t in (getattr(metadata, n, None) for n in names)
+            if isinstance(t, torch.Tensor)
+        ]
+
+    def __enter__(self) -> preserved:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for tensor, values in self._saved:
+            tensor.copy_(values)

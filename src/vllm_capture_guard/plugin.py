@@ -71,10 +71,9 @@ def read_mode(environ: dict | None = None) -> tuple[str, str | None]:
 def _platform_name() -> tuple[bool, str]:
     from vllm.platforms import current_platform
 
-    name = (
-        getattr(current_platform, "device_name", None)
-        or type(current_platform).__name__
-    )
+    # Read the class, not the instance: Platform.__getattr__ warns and imports.
+    cls = type(current_platform)
+    name = getattr(cls, "device_name", None) or cls.__name__
     return bool(current_platform.is_rocm()), str(name)
 
 

@@ -71,13 +71,15 @@ def _backend() -> type:
 
 
 def _own_builder(parent: type) -> type:
-    """The backend's own builder: ``parent``'s capture, offsets left alone."""
+    """The backend's own builder: ``parent``'s capture, offsets left alone.
+
+    It runs vLLM's own capture of ``parent`` (past our CPU-offset wrapper, if
+    that is installed: this one keeps both offsets anyway)."""
+    capture = original_of(parent.build_for_cudagraph_capture)
 
     def build_for_cudagraph_capture(self, common_attn_metadata, *args, **kwargs):
         with preserved(common_attn_metadata, *FIELDS):
-            return super(builder, self).build_for_cudagraph_capture(
-                common_attn_metadata, *args, **kwargs
-            )
+            return capture(self, common_attn_metadata, *args, **kwargs)
 
     builder = type(
         BUILDER,

@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the guard costs, measured on vLLM's real builders (CPU).
+
+Prints, in one run:
+  1. the added cost per capture call, in µs and as a ratio to the unguarded
+     call on the same builder and metadata (target: < 10 µs added);
+  2. whether every builder's ``build()`` (the serving hot path) is still the
+     very same function object (target: zero cost on the hot path);
+  3. the plugin's load time in a fresh interpreter under ``auto`` on a
+     non-ROCm platform (target: < 5 ms where it has nothing to do).
+
+Run: ``make bench`` (or ``python benchmarks/bench_guard.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+REPEAT = 7  # timing rounds; the median is reported
+CALLS = 2000  # capture calls per round
+
+LOAD_SNIPPET = """
+import time
+import vllm.plugins
+from vllm.platforms import current_platform
+current_platform.is_rocm()  # vLLM has resolved its platform before plugins load
+t0 = time.perf_counter()
+from vllm_capture_guard.plugin import register
+register()
+t1 = time.perf_counter()
+print(f"{(t1 - t0) * 1e3:.3f}")
+"""
+
+
+def _per_call_us(fn, builder, metadata) -> float:
+    rounds = []
+    for _ in range(REPEAT):
+        t0 = time.perf_counter()
+        for _ in range(CALLS):
+            fn(builder, metadata)
+        rounds.append((time.perf_counter() - t0) / CALLS * 1e6)
+    return statistics.median(rounds)
+
+
+def capture_cost() -> list[tuple[str, float, float]]:
+    from vllm_capture_guard import scenarios as sc
+    from vllm_capture_guard.patches import original_of
+    from vllm_capture_guard.patches.registry import PATCHES
+
+    for patch in PATCHES:
+        patch.apply()
+    config = sc.make_vllm_config()
+    rows = []
+    for backend in sc.ROCM_BACKENDS:
+        builder = sc.attention_builder(backend, config)
+        buffers = sc.RunnerBuffers()
+        batch = sc.Batch(16, query_len=4)
+        buffers.fill(batch)
+        metadata = buffers.common_metadata(batch)
+        guarded = type(builder).build_for_cudagraph_capture
+        unguarded = _unguarded_capture(type(builder), original_of)
+        base = _per_call_us(unguarded, builder, metadata)
+        with_guard = _per_call_us(guarded, builder, metadata)
+        rows.append((backend, base, with_guard))
+    return rows
+
+
+def _unguarded_capture(cls, original_of):
+    """vLLM's own capture for ``cls``: for our AITER subclass, its parent's."""
+    from vllm_capture_guard.patches import rocm_aiter_unified_builder as aiter
+
+    if cls.__module__ == aiter.__name__:
+        cls = cls.__mro__[1]
+    return original_of(cls.__dict__.get("build_for_cudagraph_capture"))
+
+
+def hot_path_identity() -> list[tuple[str, bool]]:
+    """``build`` before and after the patches, for each ROCm backend."""
+    import importlib
+
+    from vllm_capture_guard import scenarios as sc
+    from vllm_capture_guard.patches.registry import PATCHES
+
+    for patch in reversed(PATCHES):
+        patch.revert()
+    before = {b: sc.backend_class(b).get_builder_cls().build for b in sc.ROCM_BACKENDS}
+    for patch in PATCHES:
+        patch.apply()
+    importlib.invalidate_caches()
+    return [
+        (b, sc.backend_class(b).get_builder_cls().build is before[b])
+        for b in sc.ROCM_BACKENDS
+    ]
+
+
+def load_time_ms() -> list[float]:
+    env = dict(os.environ, VLLM_CAPTURE_GUARD="auto")
+    out = []
+    for _ in range(3):
+        proc = subprocess.run(
+            [sys.executable, "-c", LOAD_SNIPPET],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        out.append(float(proc.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def main() -> int:
+    from importlib.metadata import version
+
+    print(
+        f"vllm-capture-guard benchmark on vLLM {version('vllm')}, torch "
+        f"{version('torch')}, {os.cpu_count()} CPUs"
+    )
+    print(f"\n1. capture call, batch reqs16 x q4, median of {REPEAT} x {CALLS} calls")
+    worst = 0.0
+    for backend, base, guarded in capture_cost():
+        added = guarded - base
+        worst = max(worst, added)
+        print(
+            f"   {backend:<24} unguarded {base:7.2f} µs  guarded {guarded:7.2f} µs"
+            f"  added {added:6.2f} µs  ratio {guarded / base:5.2f}x"
+        )
+    print(f"   target < 10 µs added: {'met' if worst < 10 else 'MISSED'}")
+    print("\n2. serving hot path: build() after patching")
+    same = hot_path_identity()
+    for backend, identical in same:
+        print(f"   {backend:<24} build is vLLM's own function: {identical}")
+    print(f"   target zero cost: {'met' if all(s for _, s in same) else 'MISSED'}")
+    print("\n3. plugin load, fresh interpreter, VLLM_CAPTURE_GUARD=auto, non-ROCm")
+    loads = load_time_ms()
+    print("   register(): " + ", ".join(f"{t:.2f} ms" for t in loads))
+    print(f"   target < 5 ms: {'met' if max(loads) < 5 else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
