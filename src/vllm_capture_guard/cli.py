@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_check.add_argument("--json", action="store_true", help="machine-readable")
     args = parser.parse_args(argv)
+    # The verdict is ours to print; vLLM's INFO chatter would bury it.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.command == "status":
         return status()
     return check(args.json)
