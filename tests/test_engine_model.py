@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPU checks of what the ROCm tier (tests/rocm/) hands vLLM, so that a run on
+an MI325 fails only for reasons a GPU can show.
+
+* The tiny MiniMax-M3 of :mod:`tests.rocm.tiny_model` against the installed
+  vLLM's own classes: the architecture resolves to the text-only model, the
+  fused QKV + indexer projection builds, head sizes and block sizes are ones
+  the MiniMax-M3 sparse backends accept, and the shapes divide for TP=4.
+* The arguments :mod:`tests.rocm.engine_run` passes to ``vllm.LLM`` and
+  ``SamplingParams`` exist in the installed vLLM and validate.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.rocm import engine_run
+from tests.rocm.tiny_model import engine_config, write_engine_model
+from vllm_capture_guard import scenarios as sc
+
+TEXT = engine_config()["text_config"]
+SPARSE = TEXT["sparse_attention_config"]
+LAYER_LISTS = ("sparse_attention_freq", "sparse_disable_index_value")
+
+
+@pytest.fixture(scope="module")
+def model_config(tmp_path_factory):
+    from vllm.config import ModelConfig
+
+    return ModelConfig(
+        model=str(write_engine_model(tmp_path_factory.mktemp("engine-model"))),
+        skip_tokenizer_init=True,
+        max_model_len=1024,
+        dtype="bfloat16",
+    )
+
+
+def test_architecture_is_the_text_model(model_config):
+    assert model_config.architectures == ["MiniMaxM3SparseForCausalLM"]
+    assert not model_config.is_multimodal_model
+    cls, arch = model_config.registry.resolve_model_cls(
+        model_config.architectures, model_config=model_config
+    )
+    assert (cls.__name__, arch) == ("MiniMaxM3SparseForCausalLM",) * 2
+    text = model_config.hf_text_config
+    assert type(text).__name__ == "MiniMaxM3TextConfig"
+    for key, value in TEXT.items():
+        if key != "model_type":
+            assert getattr(text, key) == value, key
+
+
+def fused_qkv_indexer(text: dict):
+    """vLLM's fused q/k/v/index_q/index_k projection, as the sparse layer
+    builds it (``MiniMaxM3SparseAttention.__init__``), at TP=1."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.linear import (
+        MinimaxM3QKVParallelLinearWithIndexer,
+    )
+
+    sparse = text["sparse_attention_config"]
+    with set_current_vllm_config(sc.make_vllm_config()):
+        return MinimaxM3QKVParallelLinearWithIndexer(
+            text["hidden_size"],
+            text["head_dim"],
+            text["num_attention_heads"],
+            text["num_key_value_heads"],
+            sparse["sparse_num_index_heads"],
+            sparse["sparse_index_dim"],
+        )
+
+
+def test_sparse_layer_projection_builds():
+    layer = fused_qkv_indexer(TEXT)
+    heads, kv, dim = (
+        TEXT[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
+    )
+    assert layer.output_sizes == [heads * dim, kv * dim, kv * dim, kv * dim, dim]
+
+
+def test_the_builder_scenario_config_could_not_build_the_model():
+    """Why the engine needs its own config: the builder scenarios' tiny config
+    has 1 KV head and 4 index heads, which this projection refuses."""
+    with pytest.raises(AssertionError, match="total_num_index_heads"):
+        fused_qkv_indexer(sc.TINY_MINIMAX_M3["text_config"])
+
+
+def test_sizes_the_sparse_backends_accept():
+    from vllm.models.minimax_m3.common.indexer import MiniMaxM3IndexerBackend
+    from vllm.models.minimax_m3.common.sparse_attention import MiniMaxM3SparseBackend
+
+    for backend in (MiniMaxM3SparseBackend, MiniMaxM3IndexerBackend):
+        assert TEXT["head_dim"] in backend.get_supported_head_sizes()
+        assert SPARSE["sparse_index_dim"] in backend.get_supported_head_sizes()
+        assert SPARSE["sparse_block_size"] in backend.get_supported_kernel_block_sizes()
+    assert SPARSE["sparse_block_size"] == engine_run.BLOCK_SIZE
+
+
+def test_layer_layout_and_tp4_shapes():
+    n = TEXT["num_hidden_layers"]
+    assert len(TEXT["moe_layer_freq"]) == n
+    for key in LAYER_LISTS:
+        assert len(SPARSE[key]) == n, key
+    # Layer 0 dense (the backend under test captures first), layer 1 sparse.
+    assert SPARSE["sparse_attention_freq"] == [0, 1]
+    assert SPARSE["sparse_num_index_heads"] == TEXT["num_key_value_heads"]
+    tp = 4
+    assert TEXT["num_attention_heads"] % tp == 0
+    assert (
+        TEXT["num_key_value_heads"] % tp == 0 or tp % TEXT["num_key_value_heads"] == 0
+    )
+    assert TEXT["num_local_experts"] >= tp
+    for key in ("intermediate_size", "dense_intermediate_size"):
+        assert TEXT[key] % tp == 0 and TEXT[key] // tp >= 128, key
+    # GQA group per KV head as in the checkpoint (64 / 4) at TP=1 and TP=4.
+    for t in (1, tp):
+        q = TEXT["num_attention_heads"] // t
+        kv = max(1, TEXT["num_key_value_heads"] // t)
+        assert q // kv == 16
+
+
+def llm_init_parameters() -> set[str]:
+    """``vllm.LLM.__init__``'s parameter names, read from its source: importing
+    ``vllm.entrypoints.llm`` needs packages (llguidance, ...) that the CPU tier
+    does not install."""
+    origin = importlib.util.find_spec("vllm.entrypoints.llm").origin
+    tree = ast.parse(Path(origin).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "LLM")
+    init = next(
+        n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"
+    )
+    a = init.args
+    return {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs} - {"self"}
+
+
+def test_engine_arguments_exist_and_validate(tmp_path):
+    from vllm.config import AttentionConfig, CompilationConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import SamplingParams
+
+    accepted = llm_init_parameters() | {f.name for f in dataclasses.fields(EngineArgs)}
+    assert {"attention_config", "compilation_config", "model"} <= accepted
+    for backend in engine_run.BACKENDS:
+        for mode in engine_run.CUDAGRAPH_MODES:
+            kwargs = engine_run.llm_kwargs(str(tmp_path), backend, mode, tp=4)
+            assert not set(kwargs) - accepted, set(kwargs) - accepted
+            assert AttentionConfig(**kwargs["attention_config"]).backend.name == backend
+            compilation = CompilationConfig(**kwargs["compilation_config"])
+            assert compilation.cudagraph_mode.name == mode
+    params = SamplingParams(**engine_run.sampling_kwargs())
+    assert params.max_tokens == engine_run.MAX_TOKENS and not params.detokenize
+    for prompt in engine_run.PROMPTS:
+        TokensPrompt(prompt_token_ids=prompt)
+        assert all(0 < t < engine_run.VOCAB for t in prompt)
