@@ -8,6 +8,9 @@ an MI325 fails only for reasons a GPU can show.
   the MiniMax-M3 sparse backends accept, and the shapes divide for TP=4.
 * The arguments :mod:`tests.rocm.engine_run` passes to ``vllm.LLM`` and
   ``SamplingParams`` exist in the installed vLLM and validate.
+* The harness's own parts that need no GPU: ``--host-info`` (run for real:
+  it decides "affected" with the patch's ``inspect()``, which works on a CPU),
+  and the process-group kill on timeout.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib.util
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.rocm import engine_run
+from tests.conftest import fresh_env
+from tests.rocm import engine_run, test_engine_startup
 from tests.rocm.tiny_model import engine_config, write_engine_model
 from vllm_capture_guard import scenarios as sc
 
@@ -157,3 +163,59 @@ def test_engine_arguments_exist_and_validate(tmp_path):
     for prompt in engine_run.PROMPTS:
         TokensPrompt(prompt_token_ids=prompt)
         assert all(0 < t < engine_run.VOCAB for t in prompt)
+
+
+def test_host_info_on_this_host(vllm_version):
+    from vllm_capture_guard.patches import rocm_attn_cpu_offsets
+
+    code, out, timed_out = test_engine_startup._run(
+        ["-m", "tests.rocm.engine_run", "--host-info"],
+        fresh_env(VLLM_CAPTURE_GUARD="off"),
+        timeout=300,
+    )
+    assert code == 0 and not timed_out, out[-3000:]
+    info = test_engine_startup._last_json(out, engine_run.HOST_PREFIX)
+    import torch
+
+    assert info["hip"] == torch.version.hip
+    if torch.version.hip is None:
+        assert info["gpus"] == 0
+    assert info["vllm"] == vllm_version
+    assert info["entry_point"] == "vllm_capture_guard.plugin:register"
+    # The same behavioural answer as in this process (nothing patched here).
+    assert info["inspect"]["status"] == rocm_attn_cpu_offsets.inspect().status
+    host = test_engine_startup.Host(info)
+    assert host.affected == (info["inspect"]["status"] == "needed")
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_run_kills_the_whole_process_group_on_timeout(tmp_path):
+    """A hung engine (here: a process whose child sleeps) must not outlive
+    its timeout, children included."""
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; "
+        "time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    start = time.monotonic()
+    status, out, timed_out = test_engine_startup._run(
+        ["-c", code], dict(os.environ), timeout=5
+    )
+    assert timed_out and status != 0 and "started" in out
+    assert time.monotonic() - start < 60
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(child)
