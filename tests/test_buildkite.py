@@ -10,12 +10,15 @@ test, a dropped source path or a misspelt key. This CPU test checks:
   this package, then runs the ROCm tier (``pytest -m rocm``);
 * every ``source_file_dependencies`` entry and every path a command names
   exists in the repository;
-* every pytest command selects at least one test, and on a host without ROCm
-  torch all of them skip with the reason.
+* every pytest command selects at least one test and sets
+  ``CAPTURE_GUARD_REQUIRE_GPUS`` to its pool's GPUs, so that a CI agent
+  without ROCm or without those GPUs fails instead of skipping (run here: on a
+  CPU host the commands fail with that reason, and skip without the variable).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -30,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = ROOT / ".buildkite" / "test-amd.yaml"
 INSTALL_SCRIPT = "scripts/rocm-ci-env.sh"
 AGENT_POOLS = {"mi325_1", "mi325_4"}
+REQUIRE = "CAPTURE_GUARD_REQUIRE_GPUS"
 
 #: The step keys of vLLM's .buildkite/test-amd.yaml, as its header documents
 #: them, plus ``agent_pool``, ``no_gpu`` and ``grade`` that its steps use.
@@ -211,29 +215,56 @@ def test_every_named_path_exists(steps):
     assert not missing, missing
 
 
-def test_pytest_commands_select_tests_and_skip_without_rocm(steps):
-    """Run each pytest command as written (on a CPU host every test in the
-    ROCm tier skips at once, so this is a collection run)."""
+def _run_pytest(step: dict, command: str, **env: str | None):
+    """``command``'s pytest arguments, run here with ``env`` over ours."""
+    full_env = dict(os.environ)
+    for key, value in env.items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *pytest_args(command)]
+        + ["-p", "no:cacheprovider", "-rs"],
+        cwd=_base(step),
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    return proc.returncode, out, out.strip().splitlines()[-1]
+
+
+def test_each_tier_run_requires_its_pools_gpus(steps):
+    for step in steps:
+        gpus = str(step.get("num_gpus", 1))
+        tier = [c for c in step["commands"] if pytest_args(c)]
+        assert tier and all(_env(c).get(REQUIRE) == gpus for c in tier), (
+            step["label"],
+            tier,
+        )
+
+
+def test_pytest_commands_select_tests_and_cannot_skip_in_ci(steps):
+    """Each pytest command as written, on this host without ROCm torch: it
+    must select tests, and CI's ``CAPTURE_GUARD_REQUIRE_GPUS`` must turn the
+    "not a ROCm host" skip into a failure (an agent without ROCm or without
+    its GPUs cannot go green). Without that variable the same tests skip."""
     torch = pytest.importorskip("torch")
     if torch.version.hip is not None:
         pytest.skip("this host has ROCm torch: the commands would start engines")
     commands = [(s, c) for s in steps for c in s["commands"] if pytest_args(c)]
     assert commands
     for step, command in commands:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", *pytest_args(command)]
-            + ["-p", "no:cacheprovider", "-rs"],
-            cwd=_base(step),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0, (command, out[-3000:])
-        summary = out.strip().splitlines()[-1]
-        assert re.search(r"\b\d+ skipped\b", summary), (command, summary)
-        assert not re.search(r"\b(passed|failed|error|errors)\b", summary), (
-            command,
-            summary,
-        )
-        assert "not a ROCm host: torch.version.hip is None" in out, out[-3000:]
+        code, out, summary = _run_pytest(step, command, **_env(command))
+        assert code != 0, (command, summary)
+        assert re.search(r"\b\d+ errors?\b", summary), (command, summary)
+        assert not re.search(r"\b(passed|skipped)\b", summary), (command, summary)
+        assert f"{REQUIRE}={_env(command)[REQUIRE]}, but not a ROCm host" in out
+    step, command = commands[0]
+    code, out, summary = _run_pytest(step, command, **{REQUIRE: None})
+    assert code == 0, (command, out[-3000:])
+    assert re.search(r"\b\d+ skipped\b", summary), (command, summary)
+    assert not re.search(r"\b(passed|failed|errors?)\b", summary), (command, summary)
+    assert "not a ROCm host: torch.version.hip is None" in out, out[-3000:]

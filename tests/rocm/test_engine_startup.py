@@ -27,6 +27,8 @@ module-level import touches torch or vLLM, so CPU collection is cheap.
 
 Environment: ``CAPTURE_GUARD_ENGINE_TIMEOUT_S`` (default 900) limits each
 engine process; the whole process group is killed when it runs over.
+``CAPTURE_GUARD_REQUIRE_GPUS=N`` (CI sets it) turns every skip for a missing
+ROCm host or fewer than N GPUs into a failure.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ NEEDED = "needed"  # vllm_capture_guard.patches.NEEDED, without importing it
 NOT_NEEDED = "not needed"
 STARTUP_FAILURE = "assert decode_query_len > 0"
 ENGINE_FAILED = ("EngineCore failed to start", "Engine core initialization failed")
+#: Set by CI: the agent must be a ROCm host with this many GPUs (no skipping).
+REQUIRE_GPUS = "CAPTURE_GUARD_REQUIRE_GPUS"
 
 pytestmark = [pytest.mark.rocm, pytest.mark.slow]
 
@@ -117,9 +121,10 @@ class Host:
 
     def require_gpus(self, n: int) -> None:
         if self.gpus < n:
-            pytest.skip(
+            skip_or_fail(
                 f"needs {n} GPUs for --tensor-parallel-size {n}; "
-                f"this host has {self.gpus}"
+                f"this host has {self.gpus}",
+                n,
             )
 
 
@@ -162,11 +167,21 @@ def _probe_host() -> tuple[Host | None, str]:
     return Host(info), ""
 
 
+def skip_or_fail(why: str, gpus: int = 1) -> None:
+    """Skip, unless ``CAPTURE_GUARD_REQUIRE_GPUS`` says this host must have
+    ROCm and at least ``gpus`` GPUs: then a skip would hide a broken CI
+    agent, so fail."""
+    required = os.environ.get(REQUIRE_GPUS, "").strip()
+    if required and int(required) >= gpus:
+        pytest.fail(f"{REQUIRE_GPUS}={required}, but {why}")
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def rocm_host() -> Host:
     host, why = _probe_host()
     if host is None:
-        pytest.skip(why)
+        skip_or_fail(why)
     print(f"\nROCm host: {json.dumps(host.info)}")
     return host
 
