@@ -192,11 +192,12 @@ class EngineRun:
     logs: str
     timed_out: bool
     result: dict[str, Any] | None
+    log_file: Path
 
     def tail(self, n: int = 6000) -> str:
         return (
-            f"exit status {self.returncode}, timed out {self.timed_out}; "
-            f"last output:\n{self.logs[-n:]}"
+            f"exit status {self.returncode}, timed out {self.timed_out}, "
+            f"full log {self.log_file}; last output:\n{self.logs[-n:]}"
         )
 
 
@@ -210,6 +211,13 @@ def start_engine(
         VLLM_CAPTURE_GUARD=guard,
         # An allowlist that left the guard out would silently disable it.
         VLLM_PLUGINS=None,
+        # With AITER on, this flag selects MiniMax-M3's prototype AITER sparse
+        # paged attention, which refuses more than one KV head per rank (TP=1
+        # here has 4). It is not the path under test.
+        VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=None,
+        # The guard's one INFO line per process is part of what is checked.
+        VLLM_LOGGING_LEVEL="INFO",
+        VLLM_CONFIGURE_LOGGING=None,
     )
     env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     args = [
@@ -225,9 +233,10 @@ def start_engine(
         str(tp),
     ]
     code, out, timed_out = _run(args, env, _timeout())
-    (tmp_path / "engine.log").write_text(out)
+    log_file = tmp_path / "engine.log"
+    log_file.write_text(out)
     result = _last_json(out, engine_run.RESULT_PREFIX)
-    return EngineRun(code, out, timed_out, result)
+    return EngineRun(code, out, timed_out, result, log_file)
 
 
 @_params
@@ -271,6 +280,10 @@ def test_guard_off_control(rocm_host, tmp_path, backend, cudagraph_mode, tp):
         )
         assert STARTUP_FAILURE in run.logs, run.tail()
         assert any(msg in run.logs for msg in ENGINE_FAILED), run.tail()
+        print(
+            f"\n{backend} {cudagraph_mode} tp{tp} without the guard: startup "
+            f"failed as on an unguarded install ({STARTUP_FAILURE!r})"
+        )
     else:
         assert run.returncode == 0 and run.result is not None, (
             f"vLLM {rocm_host.info['vllm']} is not affected "
