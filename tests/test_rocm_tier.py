@@ -29,40 +29,46 @@ from tests.rocm import engine_run, test_engine_startup
 from tests.rocm.tiny_model import engine_config, write_engine_model
 from vllm_capture_guard import scenarios as sc
 
-TEXT = engine_config()["text_config"]
-SPARSE = TEXT["sparse_attention_config"]
+TP_SIZES = (1, 4)
 LAYER_LISTS = ("sparse_attention_freq", "sparse_disable_index_value")
 
 
-@pytest.fixture(scope="module")
-def model_config(tmp_path_factory):
+def text_config(tp: int) -> dict:
+    return engine_config(tp)["text_config"]
+
+
+@pytest.fixture(scope="module", params=TP_SIZES, ids=lambda tp: f"tp{tp}")
+def model_config(request, tmp_path_factory):
     from vllm.config import ModelConfig
 
-    return ModelConfig(
-        model=str(write_engine_model(tmp_path_factory.mktemp("engine-model"))),
+    folder = tmp_path_factory.mktemp(f"engine-model-tp{request.param}")
+    config = ModelConfig(
+        model=str(write_engine_model(folder, request.param)),
         skip_tokenizer_init=True,
         max_model_len=1024,
         dtype="bfloat16",
     )
+    return request.param, config
 
 
 def test_architecture_is_the_text_model(model_config):
-    assert model_config.architectures == ["MiniMaxM3SparseForCausalLM"]
-    assert not model_config.is_multimodal_model
-    cls, arch = model_config.registry.resolve_model_cls(
-        model_config.architectures, model_config=model_config
+    tp, config = model_config
+    assert config.architectures == ["MiniMaxM3SparseForCausalLM"]
+    assert not config.is_multimodal_model
+    cls, arch = config.registry.resolve_model_cls(
+        config.architectures, model_config=config
     )
     assert (cls.__name__, arch) == ("MiniMaxM3SparseForCausalLM",) * 2
-    text = model_config.hf_text_config
+    text = config.hf_text_config
     assert type(text).__name__ == "MiniMaxM3TextConfig"
-    for key, value in TEXT.items():
+    for key, value in text_config(tp).items():
         if key != "model_type":
             assert getattr(text, key) == value, key
 
 
 def fused_qkv_indexer(text: dict):
     """vLLM's fused q/k/v/index_q/index_k projection, as the sparse layer
-    builds it (``MiniMaxM3SparseAttention.__init__``), at TP=1."""
+    builds it (``MiniMaxM3SparseAttention.__init__``), in a world of one."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.linear import (
         MinimaxM3QKVParallelLinearWithIndexer,
@@ -80,10 +86,12 @@ def fused_qkv_indexer(text: dict):
         )
 
 
-def test_sparse_layer_projection_builds():
-    layer = fused_qkv_indexer(TEXT)
+@pytest.mark.parametrize("tp", TP_SIZES)
+def test_sparse_layer_projection_builds(tp):
+    text = text_config(tp)
+    layer = fused_qkv_indexer(text)
     heads, kv, dim = (
-        TEXT[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
+        text[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
     )
     assert layer.output_sizes == [heads * dim, kv * dim, kv * dim, kv * dim, dim]
 
@@ -95,38 +103,42 @@ def test_the_builder_scenario_config_could_not_build_the_model():
         fused_qkv_indexer(sc.TINY_MINIMAX_M3["text_config"])
 
 
-def test_sizes_the_sparse_backends_accept():
+@pytest.mark.parametrize("tp", TP_SIZES)
+def test_sizes_the_sparse_backends_accept(tp):
     from vllm.models.minimax_m3.common.indexer import MiniMaxM3IndexerBackend
     from vllm.models.minimax_m3.common.sparse_attention import MiniMaxM3SparseBackend
 
+    text = text_config(tp)
+    sparse = text["sparse_attention_config"]
     for backend in (MiniMaxM3SparseBackend, MiniMaxM3IndexerBackend):
-        assert TEXT["head_dim"] in backend.get_supported_head_sizes()
-        assert SPARSE["sparse_index_dim"] in backend.get_supported_head_sizes()
-        assert SPARSE["sparse_block_size"] in backend.get_supported_kernel_block_sizes()
-    assert SPARSE["sparse_block_size"] == engine_run.BLOCK_SIZE
+        assert text["head_dim"] in backend.get_supported_head_sizes()
+        assert sparse["sparse_index_dim"] in backend.get_supported_head_sizes()
+        assert sparse["sparse_block_size"] in backend.get_supported_kernel_block_sizes()
+    assert sparse["sparse_block_size"] == engine_run.BLOCK_SIZE
 
 
-def test_layer_layout_and_tp4_shapes():
-    n = TEXT["num_hidden_layers"]
-    assert len(TEXT["moe_layer_freq"]) == n
+@pytest.mark.parametrize("tp", TP_SIZES)
+def test_layer_layout_and_per_rank_shapes(tp):
+    text = text_config(tp)
+    sparse = text["sparse_attention_config"]
+    n = text["num_hidden_layers"]
+    assert len(text["moe_layer_freq"]) == n
     for key in LAYER_LISTS:
-        assert len(SPARSE[key]) == n, key
+        assert len(sparse[key]) == n, key
     # Layer 0 dense (the backend under test captures first), layer 1 sparse.
-    assert SPARSE["sparse_attention_freq"] == [0, 1]
-    assert SPARSE["sparse_num_index_heads"] == TEXT["num_key_value_heads"]
-    tp = 4
-    assert TEXT["num_attention_heads"] % tp == 0
-    assert (
-        TEXT["num_key_value_heads"] % tp == 0 or tp % TEXT["num_key_value_heads"] == 0
-    )
-    assert TEXT["num_local_experts"] >= tp
+    assert sparse["sparse_attention_freq"] == [0, 1]
+    # Per rank, as the model code divides (amd/model.py, common/indexer.py):
+    # one rank of the checkpoint at TP=4 has 16 query, 1 KV and 1 index head.
+    heads, kv = text["num_attention_heads"], text["num_key_value_heads"]
+    index_heads = sparse["sparse_num_index_heads"]
+    assert heads % tp == 0 and heads // tp == 16
+    assert kv % tp == 0 and kv // tp == 1
+    assert index_heads == kv and max(1, index_heads // tp) == kv // tp
+    assert text["num_local_experts"] >= tp
     for key in ("intermediate_size", "dense_intermediate_size"):
-        assert TEXT[key] % tp == 0 and TEXT[key] // tp >= 128, key
-    # GQA group per KV head as in the checkpoint (64 / 4) at TP=1 and TP=4.
-    for t in (1, tp):
-        q = TEXT["num_attention_heads"] // t
-        kv = max(1, TEXT["num_key_value_heads"] // t)
-        assert q // kv == 16
+        assert text[key] % tp == 0 and text[key] // tp >= 128, key
+    if tp == 4:  # the checkpoint's own head layout
+        assert (heads, kv, index_heads) == (64, 4, 4)
 
 
 def llm_init_parameters() -> set[str]:

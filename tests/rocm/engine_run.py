@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.rocm.tiny_model import ENGINE_MINIMAX_M3, write_engine_model
+from tests.rocm.tiny_model import SPARSE_BLOCK_SIZE, VOCAB_SIZE, write_engine_model
 
 RESULT_PREFIX = "ENGINE_RESULT "
 HOST_PREFIX = "HOST_INFO "
@@ -38,10 +38,8 @@ CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
 #: Batch sizes to capture: small, and covering the padded decode batch (3 -> 4).
 CAPTURE_SIZES = [1, 2, 4, 8]
 MAX_TOKENS = 8
-BLOCK_SIZE = ENGINE_MINIMAX_M3["text_config"]["sparse_attention_config"][
-    "sparse_block_size"
-]
-VOCAB = ENGINE_MINIMAX_M3["text_config"]["vocab_size"]
+BLOCK_SIZE = SPARSE_BLOCK_SIZE
+VOCAB = VOCAB_SIZE
 
 #: Token-id prompts (no tokenizer): a short one, one just over a KV block,
 #: and one spanning three blocks, so decode runs as a padded batch of 3.
@@ -170,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print(HOST_PREFIX + json.dumps(host_info()), flush=True)
         return 0
     model_dir = args.model_dir or tempfile.mkdtemp(prefix="capture-guard-engine-")
-    write_engine_model(model_dir)
+    write_engine_model(model_dir, args.tp)
     result = run_engine(model_dir, args.backend, args.cudagraph_mode, args.tp)
     print(RESULT_PREFIX + json.dumps(result), flush=True)
     return 0

@@ -206,15 +206,11 @@ def start_engine(
 ) -> EngineRun:
     """One engine in a fresh process; ``guard`` is ``VLLM_CAPTURE_GUARD``
     (None: unset, the default ``auto``)."""
-    model_dir = write_engine_model(tmp_path / "model")
+    model_dir = write_engine_model(tmp_path / "model", tp)
     env = fresh_env(
         VLLM_CAPTURE_GUARD=guard,
         # An allowlist that left the guard out would silently disable it.
         VLLM_PLUGINS=None,
-        # With AITER on, this flag selects MiniMax-M3's prototype AITER sparse
-        # paged attention, which refuses more than one KV head per rank (TP=1
-        # here has 4). It is not the path under test.
-        VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=None,
         # The guard's one INFO line per process is part of what is checked.
         VLLM_LOGGING_LEVEL="INFO",
         VLLM_CONFIGURE_LOGGING=None,
