@@ -41,8 +41,9 @@ MAX_TOKENS = 8
 BLOCK_SIZE = SPARSE_BLOCK_SIZE
 VOCAB = VOCAB_SIZE
 
-#: Token-id prompts (no tokenizer): a short one, one just over a KV block,
-#: and one spanning three blocks, so decode runs as a padded batch of 3.
+#: Token-id prompts (no tokenizer): a short one, one just over a KV block and
+#: one over three blocks. Their decode steps run 3 requests in the full graph
+#: captured for 4, i.e. with one padded request.
 PROMPTS: list[list[int]] = [
     [1, 2, 3, 4, 5, 6, 7, 8],
     [(7 * i) % (VOCAB - 1) + 1 for i in range(BLOCK_SIZE + 3)],
