@@ -222,7 +222,7 @@ def test_run_kills_the_whole_process_group_on_timeout(tmp_path):
     )
     start = time.monotonic()
     status, out, timed_out = test_engine_startup._run(
-        ["-c", code], dict(os.environ), timeout=5
+        ["-c", code], dict(os.environ), timeout=3
     )
     assert timed_out and status != 0 and "started" in out
     assert time.monotonic() - start < 60
