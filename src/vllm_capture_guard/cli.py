@@ -3,7 +3,9 @@
 capture now get past the metadata builders?
 
 Exit codes: ``status`` 0; ``check`` 0 if every capture sequence passes, 1 if
-startup would still fail, 2 if the check could not run.
+startup would still fail, 2 if the check could not run; ``audit`` 0 if no
+backend's capture writes shared CPU metadata, 1 if one does, 2 if it could not
+run.
 """
 
 from __future__ import annotations
@@ -132,6 +134,36 @@ def _print_verdict(result: dict[str, Any]) -> None:
         print("verdict: startup would still fail (EngineCore failed to start)")
 
 
+def audit(as_json: bool, backends: list[str] | None) -> int:
+    """Every registered backend's capture, as this install's vLLM processes
+    would run it: the guard is loaded through vLLM's plugin loader, following
+    VLLM_CAPTURE_GUARD and VLLM_PLUGINS as ``check`` does."""
+    if as_json:  # keep stdout for the JSON: vLLM logs to stdout by default
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    mode, _ = read_mode()
+    if mode == "auto":
+        # Judge the ROCm code path on any host: act as on ROCm.
+        os.environ[ENV] = "on"
+    shown = mode if mode != "auto" else "auto (counts as on: audits the ROCm path)"
+    try:
+        import vllm.plugins
+
+        vllm.plugins.load_general_plugins()  # exactly as a vLLM worker does
+        from vllm_capture_guard.audit import print_report, run_audit
+
+        result = run_audit(backends, guard_mode=shown)
+    except Exception as e:
+        print(f"{PREFIX} audit could not run: {type(e).__name__}: {e}")
+        return 2
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print_report(result)
+    if not result.built:
+        return 2
+    return 1 if result.cpu_writers else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vllm-capture-guard", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -141,11 +173,25 @@ def main(argv: list[str] | None = None) -> int:
         "check", help="run the MiniMax-M3 capture scenario on real vLLM builders"
     )
     p_check.add_argument("--json", action="store_true", help="machine-readable")
+    p_audit = sub.add_parser(
+        "audit",
+        help="every registered attention backend: does its capture write "
+        "shared metadata that later builders read?",
+    )
+    p_audit.add_argument("--json", action="store_true", help="machine-readable")
+    p_audit.add_argument(
+        "--backend",
+        action="append",
+        metavar="NAME",
+        help="audit only this registry name (repeatable); default: all",
+    )
     args = parser.parse_args(argv)
     # The verdict is ours to print; vLLM's INFO chatter would bury it.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.command == "status":
         return status()
+    if args.command == "audit":
+        return audit(args.json, args.backend)
     return check(args.json)
 
 
