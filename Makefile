@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: env check status test lint bench clean
+.PHONY: env check status test lint bench clean audit bench-audit
 
 env: $(VENV)/.ready
 
@@ -30,6 +30,13 @@ test: lint
 
 bench: env
 	$(PY) benchmarks/bench_guard.py
+
+# Every registered attention backend's capture on shared metadata (issue 4).
+audit: env
+	$(VENV)/bin/vllm-capture-guard audit
+
+bench-audit: env
+	$(PY) benchmarks/bench_audit.py
 
 clean:
 	rm -rf $(VENV) .envs

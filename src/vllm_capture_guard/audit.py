@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -308,6 +309,28 @@ def compare_built(alone: dict[str, Any], sequenced: dict[str, Any]) -> list[Diff
     return diffs
 
 
+def use_version_cache() -> str | None:
+    """Give this process a vLLM cache directory of its own per vLLM version,
+    unless ``VLLM_CACHE_ROOT`` is set. vLLM caches the model-class inspection
+    that a ``ModelConfig`` needs (a subprocess that imports vLLM again, the
+    slowest step of an audit) in one file per class, whatever the version, so
+    auditing two versions in turn would redo it on every run. Call before
+    importing vLLM; returns the directory chosen."""
+    from importlib.metadata import version
+    from pathlib import Path
+
+    if os.environ.get("VLLM_CACHE_ROOT"):
+        return None
+    try:
+        ver = version("vllm")
+    except Exception:
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    root = str(Path(base) / "vllm-capture-guard" / f"vllm-{ver}")
+    os.environ["VLLM_CACHE_ROOT"] = root
+    return root
+
+
 # --------------------------------------------------------------------------
 # The registry, specs and builders
 # --------------------------------------------------------------------------
@@ -359,55 +382,143 @@ def _error(e: BaseException) -> str:
 
 
 class Configs:
-    """The audit's ``VllmConfig`` per number of speculative tokens, built once
-    (the expensive part) and copied so that nothing the audit sets leaks into
-    the configs that :mod:`scenarios` caches for other callers."""
+    """The audit's ``VllmConfig`` per number of speculative tokens: built once
+    (the expensive part), then handed out as cheap private copies, so that
+    what one backend's layer sets (a layer may change ``cache_config``, and
+    registers itself in ``static_forward_context``) reaches neither the next
+    backend nor the configs that :mod:`scenarios` caches for other callers."""
 
     def __init__(self) -> None:
         self._made: dict[int, Any] = {}
         self.seconds_spent = 0.0
 
     def get(self, num_speculative_tokens: int) -> Any:
+        """A private copy of the config (shallow, with its own cache config,
+        compilation config and an empty ``static_forward_context``)."""
         if num_speculative_tokens not in self._made:
             t0 = time.perf_counter()
-            base = sc.make_vllm_config(num_speculative_tokens)
-            cfg = copy(base)
-            cfg.cache_config = copy(base.cache_config)
-            if cfg.cache_config.num_gpu_blocks is None:
-                cfg.cache_config.num_gpu_blocks = NUM_GPU_BLOCKS
-            self._made[num_speculative_tokens] = cfg
+            self._made[num_speculative_tokens] = sc.make_vllm_config(
+                num_speculative_tokens
+            )
             self.seconds_spent += time.perf_counter() - t0
-        return self._made[num_speculative_tokens]
+        base = self._made[num_speculative_tokens]
+        cfg = copy(base)
+        cfg.cache_config = copy(base.cache_config)
+        cfg.compilation_config = copy(base.compilation_config)
+        cfg.compilation_config.static_forward_context = {}
+        if cfg.cache_config.num_gpu_blocks is None:
+            cfg.cache_config.num_gpu_blocks = NUM_GPU_BLOCKS
+        return cfg
 
 
-def _attention_spec(backend: Any, vllm_config: Any) -> Any:
-    """The spec a layer of ``backend`` would publish, as the runner sees it."""
+NUM_HEADS = 4
+KV_LORA_RANK, QK_NOPE, QK_ROPE, V_HEAD = 128, 64, 64, 64
+
+
+def _layer(backend: Any, vllm_config: Any) -> Any:
+    """A real vLLM attention layer for ``backend`` (``MLAAttention`` if the
+    backend is MLA, else ``Attention``), registered in the audit config's own
+    ``static_forward_context`` as a model's layer is; some builders read it."""
     from vllm.config import set_current_vllm_config
+
+    ctx = vllm_config.compilation_config.static_forward_context
+    ctx.pop(sc.ATTN_LAYER, None)
+    with set_current_vllm_config(vllm_config):
+        if _is_mla(backend):
+            from vllm.model_executor.layers.attention import MLAAttention
+            from vllm.model_executor.layers.linear import ColumnParallelLinear
+
+            kv_b_proj = ColumnParallelLinear(
+                KV_LORA_RANK,
+                NUM_HEADS * (QK_NOPE + V_HEAD),
+                bias=False,
+                params_dtype=torch.bfloat16,
+                prefix=f"{sc.ATTN_LAYER}.kv_b_proj",
+            )
+            return MLAAttention(
+                num_heads=NUM_HEADS,
+                scale=(QK_NOPE + QK_ROPE) ** -0.5,
+                qk_nope_head_dim=QK_NOPE,
+                qk_rope_head_dim=QK_ROPE,
+                v_head_dim=V_HEAD,
+                q_lora_rank=None,
+                kv_lora_rank=KV_LORA_RANK,
+                kv_b_proj=kv_b_proj,
+                cache_config=vllm_config.cache_config,
+                prefix=sc.ATTN_LAYER,
+                attn_backend=backend,
+                use_sparse=bool(getattr(backend, "is_sparse", lambda: False)()),
+            )
+        from vllm.model_executor.layers.attention import Attention
+
+        return Attention(
+            num_heads=NUM_HEADS,
+            head_size=sc.HEAD_SIZE,
+            scale=sc.HEAD_SIZE**-0.5,
+            num_kv_heads=1,
+            cache_config=vllm_config.cache_config,
+            prefix=sc.ATTN_LAYER,
+            attn_backend=backend,
+        )
+
+
+def _is_mla(backend: Any) -> bool:
+    return bool(getattr(backend, "is_mla", lambda: False)())
+
+
+def _direct_spec(backend: Any) -> Any:
+    """The spec written out, for when no layer can be built on this machine."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 
     block_size = sc.BLOCK_SIZE
     preferred = getattr(backend, "get_preferred_block_size", None)
     if callable(preferred):
         block_size = preferred(sc.BLOCK_SIZE)
-    is_mla = bool(getattr(backend, "is_mla", lambda: False)())
-    cls = MLAAttentionSpec if is_mla else FullAttentionSpec
-    spec = cls(
+    mla = _is_mla(backend)
+    cls = MLAAttentionSpec if mla else FullAttentionSpec
+    return cls(
         block_size=block_size,
         num_kv_heads=1,
-        head_size=sc.HEAD_SIZE,
+        head_size=KV_LORA_RANK + QK_ROPE if mla else sc.HEAD_SIZE,
         dtype=torch.bfloat16,
     )
-    names = {f.name for f in dataclasses.fields(spec)}
+
+
+def _as_runner_sees_it(backend: Any, spec: Any, vllm_config: Any) -> Any:
+    """The backend's adjustments the runner applies to a layer's spec."""
+    from vllm.config import set_current_vllm_config
+
     with set_current_vllm_config(vllm_config):
-        if "indexes_kv_by_block_stride" in names and hasattr(
-            backend, "indexes_kv_by_block_stride"
-        ):
-            spec = dataclasses.replace(
-                spec, indexes_kv_by_block_stride=backend.indexes_kv_by_block_stride()
-            )
-        if hasattr(backend, "customize_spec"):
-            spec = backend.customize_spec(spec)
-    return spec
+        try:  # vLLM >= 0.33: the runner's own function
+            from vllm.v1.worker.utils import customize_attention_spec
+        except ImportError:
+            names = {f.name for f in dataclasses.fields(spec)}
+            if "indexes_kv_by_block_stride" in names and hasattr(
+                backend, "indexes_kv_by_block_stride"
+            ):
+                spec = dataclasses.replace(
+                    spec,
+                    indexes_kv_by_block_stride=backend.indexes_kv_by_block_stride(),
+                )
+            if hasattr(backend, "customize_spec"):
+                spec = backend.customize_spec(spec)
+            return spec
+        return customize_attention_spec(backend, spec)
+
+
+def _attention_spec(backend: Any, vllm_config: Any) -> tuple[Any, str | None]:
+    """``(spec, layer_problem)``: the spec that a real layer of ``backend``
+    publishes, as the runner collects it; or, if no layer can be built here,
+    the spec written out, and why the layer could not be built."""
+    try:
+        layer = _layer(backend, vllm_config)
+        spec = layer.get_kv_cache_spec(vllm_config)
+        problem = None
+    except BaseException as e:
+        # a layer that failed half-way may have registered itself already
+        vllm_config.compilation_config.static_forward_context.pop(sc.ATTN_LAYER, None)
+        spec, problem = _direct_spec(backend), _error(e)
+    return _as_runner_sees_it(backend, spec, vllm_config), problem
 
 
 def _mamba_spec(member: Any, vllm_config: Any) -> Any:
@@ -426,9 +537,11 @@ def _mamba_spec(member: Any, vllm_config: Any) -> Any:
     return MambaSpec(**kwargs)
 
 
-def spec_for(entry: Registered, backend: Any, vllm_config: Any) -> Any:
+def spec_for(
+    entry: Registered, backend: Any, vllm_config: Any
+) -> tuple[Any, str | None]:
     if entry.is_mamba:
-        return _mamba_spec(entry.member, vllm_config)
+        return _mamba_spec(entry.member, vllm_config), None
     return _attention_spec(backend, vllm_config)
 
 
@@ -455,6 +568,7 @@ class Subject:
     spec: Any
     builders: dict[int, Any]
     cudagraph_support: str
+    spec_source: str = "layer"
 
 
 def build_subject(
@@ -471,27 +585,32 @@ def build_subject(
     except BaseException as e:
         raise _Skip(f"get_builder_cls(): {_error(e)}") from e
     builders: dict[int, Any] = {}
-    spec = None
+    spec = layer_problem = None
     for n in sorted(set(spec_tokens)):
         cfg = configs.get(n)
         try:
-            spec = spec_for(entry, backend, cfg)
+            spec, layer_problem = spec_for(entry, backend, cfg)
         except BaseException as e:
             raise _Skip(f"KV-cache spec: {_error(e)}") from e
         try:
             builders[n] = make_builder(builder_cls, spec, cfg)
         except BaseException as e:
-            raise _Skip(f"{builder_cls.__name__}(): {_error(e)}") from e
+            why = f"{builder_cls.__name__}(): {_error(e)}"
+            if layer_problem:
+                why += f"; its layer could not be built either: {layer_problem}"
+            raise _Skip(why) from e
     support = "?"
     try:
-        support = str(
-            builder_cls.get_cudagraph_support(configs.get(min(builders)), spec).name
-        )
+        first = builders[min(builders)]
+        support = str(builder_cls.get_cudagraph_support(first.vllm_config, spec).name)
     except BaseException:
         support = str(
             getattr(getattr(builder_cls, "_cudagraph_support", None), "name", "?")
         )
-    return Subject(entry, backend, builder_cls, spec, builders, support)
+    source = "mamba" if entry.is_mamba else "layer"
+    if layer_problem:
+        source = f"written out (no layer here: {layer_problem})"
+    return Subject(entry, backend, builder_cls, spec, builders, support, source)
 
 
 class _Skip(Exception):
@@ -621,6 +740,7 @@ class BackendReport:
     backend_class: str | None = None
     builder_class: str | None = None
     spec: str | None = None
+    spec_source: str | None = None
     cudagraph_support: str | None = None
     captures: list[CaptureOutcome] = dataclasses.field(default_factory=list)
     sequenced: list[Sequenced] = dataclasses.field(default_factory=list)
@@ -669,6 +789,7 @@ class BackendReport:
             "backend_class": self.backend_class,
             "builder_class": self.builder_class,
             "spec": self.spec,
+            "spec_source": self.spec_source,
             "cudagraph_support": self.cudagraph_support,
             "captured": self.captured,
             "cpu_writes": self.written_fields(CPU),
@@ -708,6 +829,7 @@ def audit_backend(
     report.backend_class = _qualname(subject.backend)
     report.builder_class = _qualname(subject.builder_cls)
     report.spec = type(subject.spec).__name__
+    report.spec_source = subject.spec_source
     report.cudagraph_support = subject.cudagraph_support
     run_batches = _batches_for(subject.cudagraph_support, batches)
     errors: dict[str, str | None] = {}
@@ -781,6 +903,7 @@ class AuditResult:
             "batches": self.batches,
             "seconds": [{"name": s.name, "problem": s.problem} for s in self.seconds],
             "timings": self.timings,
+            "vllm_cache_root": os.environ.get("VLLM_CACHE_ROOT"),
             "backends": [b.to_json() for b in self.backends],
         }
 

@@ -145,6 +145,9 @@ def audit(as_json: bool, backends: list[str] | None) -> int:
         # Judge the ROCm code path on any host: act as on ROCm.
         os.environ[ENV] = "on"
     shown = mode if mode != "auto" else "auto (counts as on: audits the ROCm path)"
+    from vllm_capture_guard.audit import use_version_cache
+
+    use_version_cache()
     try:
         import vllm.plugins
 

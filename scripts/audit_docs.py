@@ -1,0 +1,322 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Write docs/audit-<vLLM version>.md from two runs of ``vllm-capture-guard
+audit --json``: vLLM as released (``VLLM_CAPTURE_GUARD=off``) and with the
+guard (``on``). Every statement in the page is derived from those runs.
+
+    python scripts/audit_docs.py                       # the vLLM this python sees
+    PYTHONPATH=src:/work/envs/vllm-0.33.0 python scripts/audit_docs.py
+
+The runs inherit the environment (PYTHONPATH included), so the page audits the
+same vLLM that ``python -m vllm_capture_guard audit`` would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SEVERITY = ("fails", "host", "device", "builder", "equal", "n/a")
+WORDS = {
+    "fails": "**fails**",
+    "host": "**host values differ**",
+    "device": "device values differ",
+    "builder": "own buffer differs",
+    "equal": "equal",
+    "n/a": "n/a",
+}
+
+
+def run(guard: str) -> tuple[int, dict[str, Any], float, str]:
+    env = dict(os.environ, VLLM_CAPTURE_GUARD=guard, HF_HUB_OFFLINE="1")
+    env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+    cmd = [sys.executable, "-m", "vllm_capture_guard", "audit", "--json"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode not in (0, 1):
+        sys.exit(f"audit failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    shown = f"VLLM_CAPTURE_GUARD={guard} python -m vllm_capture_guard audit --json"
+    return proc.returncode, json.loads(proc.stdout), wall, shown
+
+
+def code(items: list[str]) -> str:
+    return ", ".join(f"`{i}`" for i in items) or "-"
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def main_table(out: dict[str, Any]) -> list[str]:
+    seconds = [s["name"] for s in out["seconds"] if not s["problem"]]
+    head = ["backend", "builder", "CG support", "CPU writes", "device writes"]
+    head += [f"then {s}" for s in seconds] + ["verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for b in out["backends"]:
+        if b["status"] != "built":
+            continue
+        builder = (b["builder_class"] or "").rsplit(".", 1)[-1]
+        if not b["captured"]:
+            err = next((c["error"] for c in b["captures"] if c["error"]), "")
+            builder += f" (capture raised: {err})"
+        by = {s["second"]: s["verdict"] for s in b["sequenced"]}
+        row = [
+            f"`{b['name']}`",
+            builder,
+            b["cudagraph_support"] or "?",
+            code(b["cpu_writes"]),
+            code(b["device_writes"]),
+        ]
+        row += [WORDS[by.get(s, "n/a")] for s in seconds]
+        row.append(f"**{b['verdict']}**" if b["verdict"] == "HAZARD" else b["verdict"])
+        lines.append("| " + " | ".join(cell(c) for c in row) + " |")
+    return lines
+
+
+def evidence(b: dict[str, Any]) -> list[str]:
+    """One bullet per second builder: what the sequenced check showed."""
+    lines = []
+    for s in b["sequenced"]:
+        rows = s["per_batch"]
+        failed = [r for r in rows if r["verdict"] == "fails"]
+        text = f"then `{s['second']}`: {WORDS[s['verdict']]}"
+        if failed:
+            text += f" in {len(failed)}/{len(rows)} batches: `{failed[0]['error']}`"
+        paths: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            for d in r["differences"]:
+                paths.setdefault(d["path"], d | {"batch": r["batch"]})
+        if paths:
+            text += "; " + "; ".join(
+                f"`{p}` ({d['severity']}) {d['alone']} alone, {d['sequenced']} after"
+                f" [{d['batch']}]"
+                + (
+                    " (its own buffer, computed from the shared fields; no field "
+                    "of its capture metadata references that part)"
+                    if d["severity"] == "builder"
+                    else ""
+                )
+                for p, d in paths.items()
+            )
+        lines.append(f"  - {text}")
+    return lines
+
+
+def assessment(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
+    """Which writes are real hazards and which are harmless, with evidence."""
+    on_by = {(b["registry"], b["name"]): b for b in on["backends"]}
+    lines = []
+    for b in off["backends"]:
+        if not (b["cpu_writes"] or b["device_writes"]):
+            continue
+        g = on_by.get((b["registry"], b["name"]), {})
+        writes = []
+        if b["cpu_writes"]:
+            writes.append(f"CPU {code(b['cpu_writes'])}")
+        if b["device_writes"]:
+            writes.append(f"device {code(b['device_writes'])}")
+        lines.append(f"- **`{b['name']}`** writes {' and '.join(writes)}.")
+        lines += evidence(b)
+        removed = [f for f in b["cpu_writes"] if f not in g.get("cpu_writes", [])]
+        if b["verdict"] == "HAZARD" and removed and g.get("verdict") != "HAZARD":
+            lines.append(
+                f"  - With the guard the capture leaves {code(removed)} alone and "
+                f"the verdict is *{g.get('verdict')}*: the failure comes from the "
+                f"CPU write. **Real hazard: {code(removed)}.** "
+                + (
+                    f"The device writes {code(g.get('device_writes', []))} that "
+                    "remain are capture-time only."
+                    if g.get("device_writes")
+                    else ""
+                )
+            )
+        elif b["verdict"] == "HAZARD":
+            lines.append(
+                "  - **Real hazard**: a later builder fails or bakes different "
+                "host values into its graph."
+            )
+        elif b["verdict"] == "capture-time only":
+            lines.append(
+                "  - Harmless at replay: only device values differ for later "
+                "builders; the graph reads them by address and the runner "
+                "rewrites these buffers before every replay. Kernels run during "
+                "capture see them (not run here: needs a GPU)."
+            )
+        elif b["verdict"] == "contained":
+            lines.append(
+                "  - Harmless for the builders tested: none of them builds "
+                "different metadata after this capture."
+            )
+    return lines or ["- No built backend writes shared metadata during capture."]
+
+
+def summary(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
+    """The plain answer: which writes are real hazards, which are harmless."""
+    on_by = {(b["registry"], b["name"]): b for b in on["backends"]}
+    hazards, capture_time, contained = [], [], []
+    for b in off["backends"]:
+        fields = b["cpu_writes"] + b["device_writes"]
+        if not fields:
+            continue
+        g = on_by.get((b["registry"], b["name"]), {})
+        if b["verdict"] == "HAZARD":
+            fixed = g.get("verdict") != "HAZARD"
+            hazards.append(
+                f"`{b['name']}` ({code(b['cpu_writes'] or fields)}"
+                + ("; the guard removes it" if fixed else "; the guard does not fix it")
+                + ")"
+            )
+            if fixed and g.get("device_writes"):
+                capture_time.append(
+                    f"`{b['name']}` ({code(g['device_writes'])}, with the guard)"
+                )
+        elif b["verdict"] == "capture-time only":
+            capture_time.append(f"`{b['name']}` ({code(b['device_writes'])})")
+        elif b["verdict"] == "contained":
+            contained.append(f"`{b['name']}` ({code(fields)})")
+    return [
+        "- **Real hazards** (a later builder fails, or builds other host values, "
+        "after this capture): " + ("; ".join(hazards) or "none") + ".",
+        "- **Harmless at replay, capture-time only** (later builders see other "
+        "device values during capture; nothing host-side changes): "
+        + ("; ".join(capture_time) or "none")
+        + ".",
+        "- **Harmless for every tested builder** (written, but no later builder's "
+        "metadata changes): " + ("; ".join(contained) or "none") + ".",
+    ]
+
+
+def guard_table(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
+    on_by = {(b["registry"], b["name"]): b for b in on["backends"]}
+    rows = []
+    for b in off["backends"]:
+        g = on_by.get((b["registry"], b["name"]))
+        if g is None:
+            continue
+        keys = ("status", "builder_class", "cpu_writes", "device_writes", "verdict")
+        if any(b[k] != g[k] for k in keys):
+            rows.append(
+                f"| `{b['name']}` | {code(b['cpu_writes'])} / {b['verdict']} | "
+                f"{(g['builder_class'] or '').rsplit('.', 1)[-1]} | "
+                f"{code(g['cpu_writes'])} | {code(g['device_writes'])} | "
+                f"{g['verdict']} |"
+            )
+    if not rows:
+        return ["The guard changes no backend's capture on this vLLM."]
+    return [
+        "| backend | guard off: CPU writes / verdict | guard on: builder | "
+        "CPU writes | device writes | verdict |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def render(runs: dict[str, tuple[int, dict[str, Any], float, str]]) -> str:
+    rc_off, off, wall_off, cmd_off = runs["off"]
+    rc_on, on, wall_on, cmd_on = runs["on"]
+    regs: dict[str, list[int]] = {}
+    for b in off["backends"]:
+        n = regs.setdefault(b["registry"], [0, 0])
+        n[0] += 1
+        n[1] += b["status"] == "built"
+    per_registry = "; ".join(f"{r}: {n[1]}/{n[0]}" for r, n in regs.items())
+    seconds = ", ".join(
+        f"`{s['name']}`" + (f" (unavailable: {s['problem']})" if s["problem"] else "")
+        for s in off["seconds"]
+    )
+    out = [
+        f"# Capture audit of vLLM {off['vllm']}",
+        "",
+        "Generated by `scripts/audit_docs.py` from two runs of "
+        "`vllm-capture-guard audit --json`; do not edit by hand.",
+        "",
+        f"- `{cmd_off}`: exit {rc_off}, {wall_off:.1f} s wall",
+        f"- `{cmd_on}`: exit {rc_on}, {wall_on:.1f} s wall",
+        "",
+        f"**Coverage: built {off['built']} of {off['registered']} registered "
+        f"backends on a CPU-only machine** ({per_registry}); "
+        f"{off['captured']} ran their capture.",
+        "",
+        f"Capture batches: {', '.join(off['batches'])}. Second builders (each in "
+        f"its own KV-cache group, run after the audited capture on the same "
+        f"shared metadata): {seconds}.",
+        "",
+        "## Summary",
+        "",
+        *summary(off, on),
+        "",
+        "## vLLM as released (`VLLM_CAPTURE_GUARD=off`)",
+        "",
+        f"Guard: {off['guard']}. Backends whose capture writes shared CPU "
+        f"metadata: {code(off['cpu_writers'])}.",
+        "",
+        *main_table(off),
+        "",
+        "## Which writes are real hazards",
+        "",
+        *assessment(off, on),
+        "",
+        "## With the guard (`VLLM_CAPTURE_GUARD=on`)",
+        "",
+        f"Guard: {on['guard']}. Backends whose capture writes shared CPU "
+        f"metadata: {code(on['cpu_writers'])}.",
+        "",
+        *guard_table(off, on),
+        "",
+        "## Skipped: cannot be built on this machine",
+        "",
+        "| registry | backend | reason |",
+        "|---|---|---|",
+    ]
+    for b in off["backends"]:
+        if b["status"] != "built":
+            out.append(f"| {b['registry']} | `{b['name']}` | {cell(b['reason'])} |")
+    out += [
+        "",
+        "## How to read this",
+        "",
+        "- *CPU writes* / *device writes*: fields of the shared "
+        "`CommonAttentionMetadata` whose tensors the capture changed in place "
+        "(`*_cpu` fields are CPU). *Rebinding* a field on the group's own copy "
+        "is not a write.",
+        "- *then X*: the sequenced check. X's metadata built after this capture "
+        "is compared, field by field, with X's metadata built alone on the same "
+        "batch. Nested dataclasses compare field by field; tensors by dtype, "
+        "shape and bits. **fails**: X raises after this capture only. "
+        "**host values differ**: a Python value, a shape, or a `*cpu*`/`*host*` "
+        "tensor differs; these are baked into the captured graph. *device values "
+        "differ*: only device tensor values; the graph reads them by address and "
+        "the runner rewrites them before every replay. *own buffer differs*: "
+        "only X's persistent buffers, in parts its capture metadata does not "
+        "reference.",
+        "- Verdicts: **HAZARD** (a later builder fails or gets other host "
+        "values), *capture-time only* (device values only), *contained* (writes "
+        "that no tested builder's metadata shows), *clean*, *not run* (the "
+        "capture itself needs a GPU here).",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", help="default: docs/audit-<vLLM version>.md")
+    args = parser.parse_args()
+    runs = {guard: run(guard) for guard in ("off", "on")}
+    text = render(runs)
+    path = Path(args.out or ROOT / "docs" / f"audit-{runs['off'][1]['vllm']}.md")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
