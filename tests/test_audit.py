@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -143,9 +144,10 @@ def test_cli_audit_flags_rocm_cpu_offsets_without_the_guard(rocm_affected):
     )
     by = {b["name"]: b for b in out["backends"]}
     assert out["registered"] == len(out["backends"]) and out["built"] >= 10
-    for name in ROCM:
-        assert by[name]["status"] == "built"
-        assert ("query_start_loc_cpu" in by[name]["cpu_writes"]) == rocm_affected
+    assert by["ROCM_ATTN"]["status"] == "built"
+    for name in ROCM:  # 0.33's AITER unified module queries the GPU at import
+        if by[name]["status"] == "built":
+            assert ("query_start_loc_cpu" in by[name]["cpu_writes"]) == rocm_affected
     assert rc == (1 if out["cpu_writers"] else 0)
     if rocm_affected:
         assert set(ROCM) <= set(out["cpu_writers"])
@@ -157,6 +159,7 @@ def test_cli_audit_with_the_guard_finds_no_cpu_writes():
     rc, out = _audit_json("on")
     assert out["guard"] is not None and "vllm-capture-guard" not in out["guard"]
     by = {b["name"]: b for b in out["backends"]}
+    assert by["ROCM_ATTN"]["status"] == "built"
     for name in ROCM:
         assert by[name]["cpu_writes"] == []
         assert by[name]["verdict"] != audit.HAZARD
@@ -174,3 +177,16 @@ def test_cli_audit_prints_guard_state_coverage_and_verdict():
     assert "VLLM_CAPTURE_GUARD=off; guard: VLLM_CAPTURE_GUARD=off" in out
     assert "coverage: built 1 of 1 registered backends" in out
     assert "OK: no built backend's capture writes shared CPU metadata" in out
+
+
+def test_version_cache_keeps_a_users_vllm_cache_root(monkeypatch, tmp_path):
+    from importlib.metadata import version
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    assert audit.use_version_cache() is None
+    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path)
+    monkeypatch.delenv("VLLM_CACHE_ROOT")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    chosen = audit.use_version_cache()
+    assert chosen == str(tmp_path / "vllm-capture-guard" / f"vllm-{version('vllm')}")
+    assert os.environ["VLLM_CACHE_ROOT"] == chosen

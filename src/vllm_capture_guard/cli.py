@@ -140,7 +140,9 @@ def audit(as_json: bool, backends: list[str] | None) -> int:
     VLLM_CAPTURE_GUARD and VLLM_PLUGINS as ``check`` does."""
     if as_json:  # keep stdout for the JSON: vLLM logs to stdout by default
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    mode, _ = read_mode()
+    mode, problem = read_mode()
+    if problem:
+        print(f"{PREFIX}: {problem}", file=sys.stderr)
     if mode == "auto":
         # Judge the ROCm code path on any host: act as on ROCm.
         os.environ[ENV] = "on"
