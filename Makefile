@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: env check status test lint bench clean audit bench-audit
+.PHONY: env envs check status test lint bench oracle matrix clean audit bench-audit
 
 env: $(VENV)/.ready
 
@@ -25,8 +25,32 @@ lint: env
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-test: lint
-	$(PY) -m pytest
+# --- version matrix and differential oracle (other releases beside the venv) --
+# Each other release: `pip install --no-deps --target $(ENVS)/vllm-X vllm==X`,
+# put first on PYTHONPATH by the scripts (scripts/make-envs.sh).
+ENVS ?= .envs
+ALL_VERSIONS := 0.27.1 0.28.0 0.29.0 0.33.0
+OTHER_VERSIONS := $(filter-out $(VLLM_VERSION),$(ALL_VERSIONS))
+export CAPTURE_GUARD_ENVS := $(abspath $(ENVS))
+
+envs: $(ENVS)/.ready
+
+$(ENVS)/.ready: $(VENV)/.ready scripts/make-envs.sh $(wildcard requirements/vllm-*.txt)
+	scripts/make-envs.sh $(PY) $(ENVS) $(OTHER_VERSIONS)
+	touch $@
+
+# The test suite on every release (the oracle tests once, in the venv), and
+# the README's version table must be what this run found.
+test: lint envs
+	$(PY) scripts/version_matrix.py --check --versions $(ALL_VERSIONS)
+
+# Rewrite README's version table and docs/version-matrix.md from a real run.
+matrix: lint envs
+	$(PY) scripts/version_matrix.py --write --versions $(ALL_VERSIONS)
+
+# Patched 0.28.0 and 0.27.1 against unpatched 0.29.0, field by field.
+oracle: envs
+	$(PY) -m vllm_capture_guard.oracle run
 
 bench: env
 	$(PY) benchmarks/bench_guard.py

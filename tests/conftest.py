@@ -45,10 +45,25 @@ def run_fresh(
     )
 
 
+#: Configure vLLM's logging as ``vllm serve`` does before any plugin loads.
+#: 0.27-0.29 do it when ``vllm.logger`` is imported; later releases (0.33) do it
+#: lazily, in the launcher (``configure_logging_from_args``), so a bare process
+#: would drop every INFO line.
+LOGGING_AS_VLLM_SERVE = """
+try:
+    from vllm.logger import configure_logging_from_args as _cfg
+except ImportError:
+    pass
+else:
+    import argparse as _argparse
+    _cfg(_argparse.Namespace())
+"""
+
+
 def run_snippet(code: str, **env: str | None) -> tuple[Any, str]:
     """Run ``code`` in a new interpreter; it must print one JSON line last.
     Returns (that JSON, everything the process logged)."""
-    proc = run_fresh(["-c", code], **env)
+    proc = run_fresh(["-c", LOGGING_AS_VLLM_SERVE + code], **env)
     logs = proc.stdout + proc.stderr
     assert proc.returncode == 0, logs[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), logs

@@ -5,6 +5,7 @@ in-place refill of the runner's buffers."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.gpu import attention as at
@@ -50,6 +51,16 @@ def test_kv_layouts_round_trip_through_the_backends_views():
     """K/V written through each backend's cache views (shape from its own
     get_kv_cache_shape, split as its forward splits it) read back the same,
     and every element of the cache is written."""
+    for name in at.LAYOUT_BACKEND.values():
+        try:
+            backend = sc.backend_class(name)
+        except Exception as e:  # 0.33's AITER module asks the GPU at import
+            pytest.skip(f"{name} cannot be imported on this host: {type(e).__name__}")
+        if not hasattr(backend, "get_kv_cache_shape"):  # 0.29+: KV layouts
+            pytest.skip(
+                f"{name} has no get_kv_cache_shape on this vLLM; the GPU tier's "
+                "cache writers follow the 0.27.x/0.28.0 layouts"
+            )
     g = torch.Generator().manual_seed(2)
     for layout in ("unified", "chunked"):
         kv = at.PagedKV.allocate(layout, 5, 16, 2, 64, torch.bfloat16, "cpu")

@@ -24,7 +24,7 @@ def aiter_needed(unpatched) -> None:
     except Exception as e:  # pragma: no cover - depends on the vLLM installed
         pytest.skip(f"cannot inspect the AITER backend here: {e}")
     if found.status != NEEDED:
-        pytest.skip(f"not needed on this vLLM: {found.detail}")
+        pytest.skip(f"this vLLM does not need it: {found.status} ({found.detail})")
 
 
 @pytest.mark.parametrize("batch", sc.DEFAULT_BATCHES, ids=sc.Batch.label)
@@ -62,3 +62,15 @@ def test_revert_restores_vllm_builder(aiter_needed):
     assert backend.get_builder_cls() is not before
     assert rocm_aiter_unified_builder.revert()
     assert backend.get_builder_cls() is before
+
+
+def test_own_builder_pickles_by_name(aiter_needed):
+    """vLLM's class pickles as module + name; so must the backport's."""
+    import pickle
+
+    rocm_aiter_unified_builder.apply()
+    cls = sc.backend_class(sc.ROCM_AITER_UNIFIED_ATTN).get_builder_cls()
+    assert cls.__name__ == cls.__qualname__ == rocm_aiter_unified_builder.BUILDER
+    assert pickle.loads(pickle.dumps(cls)) is cls
+    assert rocm_aiter_unified_builder.revert()
+    assert not hasattr(rocm_aiter_unified_builder, rocm_aiter_unified_builder.BUILDER)

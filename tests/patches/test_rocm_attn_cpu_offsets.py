@@ -43,6 +43,9 @@ def unguarded() -> tuple[dict, int]:
 
 
 def _run(result: dict, backend: str, batch: sc.Batch) -> dict:
+    why = result["unavailable"].get(backend)
+    if why:  # 0.33's AITER module on a CPU host; see tests/test_fixed_releases.py
+        pytest.skip(f"{backend} unavailable on this host: {why}")
     (run,) = [
         r
         for r in result["runs"]

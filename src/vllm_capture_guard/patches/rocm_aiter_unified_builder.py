@@ -37,6 +37,13 @@ How:
     caller's ``query_start_loc`` and ``query_start_loc_cpu`` values back.
     ROCM_ATTN keeps its own builder and its #25985 guard.
 
+    Checked against 0.29.0 itself, not only read: the differential oracle
+    (:mod:`vllm_capture_guard.oracle`) records every field of the shared
+    metadata before and after each builder's capture, and every field of the
+    metadata it returns, on patched 0.27.1/0.28.0 and on unpatched 0.29.0, and
+    requires them to be equal. The subclass bears upstream's class name and is
+    bound to it in this module, so it pickles by reference like vLLM's own.
+
 Delete when:
     The oldest vLLM this project supports is 0.29.0 or newer.
 """
@@ -81,11 +88,13 @@ def _own_builder(parent: type) -> type:
         with preserved(common_attn_metadata, *FIELDS):
             return capture(self, common_attn_metadata, *args, **kwargs)
 
+    build_for_cudagraph_capture.__qualname__ = f"{BUILDER}.build_for_cudagraph_capture"
     builder = type(
         BUILDER,
         (parent,),
         {
             "__module__": __name__,
+            "__qualname__": BUILDER,
             "__doc__": f"{parent.__name__} whose capture keeps the query offsets "
             f"(vllm-capture-guard backport of PR {PR}).",
             "build_for_cudagraph_capture": build_for_cudagraph_capture,
@@ -130,6 +139,9 @@ def apply() -> Outcome:
         return builder
 
     setattr(get_builder_cls, MARKER, current)
+    # Found by name, as vLLM's own class is: pickle and cloudpickle store a
+    # class as module + qualified name.
+    globals()[BUILDER] = builder
     backend.get_builder_cls = staticmethod(get_builder_cls)
     return Outcome(
         NAME,
@@ -150,4 +162,5 @@ def revert() -> bool:
         delattr(backend, "get_builder_cls")
     else:
         backend.get_builder_cls = original
+    globals().pop(BUILDER, None)
     return True

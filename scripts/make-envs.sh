@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The other vLLM releases of the version matrix and the oracle, beside the base
+# venv: each one is `pip install --no-deps --target ENVS/vllm-X vllm==X` (plus
+# requirements/vllm-X.txt where that release imports more than the base venv
+# holds). Put first on PYTHONPATH, a target wins over the venv's own vLLM, and
+# importlib.metadata reports its version. The base venv supplies torch etc.
+#   scripts/make-envs.sh PYTHON ENVS_DIR VERSION...
+set -euo pipefail
+python=${1:?usage: make-envs.sh PYTHON ENVS_DIR VERSION...}
+envs=${2:?usage: make-envs.sh PYTHON ENVS_DIR VERSION...}
+shift 2
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$envs"
+for version in "$@"; do
+    target="$envs/vllm-$version"
+    if [ -f "$target/.ready" ]; then
+        echo "ready: $target"
+        continue
+    fi
+    start=$SECONDS
+    rm -rf "$target"
+    pkgs=("vllm==$version")
+    extra="$root/requirements/vllm-$version.txt"
+    [ -f "$extra" ] && pkgs+=(-r "$extra")
+    "$python" -m pip install --quiet --disable-pip-version-check --no-deps \
+        --no-compile --target "$target" "${pkgs[@]}"
+    got=$(PYTHONPATH="$target" "$python" -c \
+        "from importlib.metadata import version; print(version('vllm'))")
+    if [ "$got" != "$version" ]; then
+        echo "make-envs: $target reports vllm $got, not $version" >&2
+        exit 1
+    fi
+    touch "$target/.ready"
+    echo "ready: $target (vllm $got, $((SECONDS - start)) s)"
+done

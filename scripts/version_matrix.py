@@ -1,0 +1,386 @@
+#!/usr/bin/env python
+# SPDX-License-Identifier: Apache-2.0
+"""The version matrix: the guard's verdict and the test suite on each release.
+
+For each vLLM release, in its own environment (``.envs/vllm-X`` first on
+``PYTHONPATH``, or the venv's own vLLM; see ``scripts/make-envs.sh``):
+
+1. facts, in one fresh interpreter: the seed capture scenario (every ROCm
+   backend x batch) with no plugin loaded; which patches the installed vLLM
+   needs, judged by behaviour; then ``vllm.plugins.load_general_plugins()``
+   with ``VLLM_CAPTURE_GUARD=on`` as a worker does, what the guard did, whether
+   every attribute of vLLM's ROCm builder classes is still the very same
+   object, and the seed scenario again;
+2. the test suite (pytest); the ``oracle`` tests run once, with the base venv,
+   since they start every release themselves.
+
+``--write`` writes docs/version-matrix.md and the README's table between the
+``version-matrix`` markers; ``--check`` fails if the README's table is not what
+this run found (so it is never typed by hand). Exit 1 if any test failed.
+
+    python scripts/version_matrix.py --check                  # make test
+    python scripts/version_matrix.py --write                  # make matrix
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+VERSIONS = ("0.27.1", "0.28.0", "0.29.0", "0.33.0")
+README = ROOT / "README.md"
+DOC = ROOT / "docs" / "version-matrix.md"
+START, END = "<!-- version-matrix:start -->", "<!-- version-matrix:end -->"
+
+#: vLLM's classes whose attributes must stay the same objects where the
+#: installed vLLM is fixed: (module, class); the AITER backend's builder is
+#: looked up through ``get_builder_cls()``.
+CLASSES = {
+    "RocmAttentionMetadataBuilder": (
+        "vllm.v1.attention.backends.rocm_attn",
+        "RocmAttentionMetadataBuilder",
+    ),
+    "RocmAiterUnifiedAttentionBackend": (
+        "vllm.v1.attention.backends.rocm_aiter_unified_attn",
+        "RocmAiterUnifiedAttentionBackend",
+    ),
+}
+
+
+# --- in the release's own environment ----------------------------------------
+
+
+def _classes() -> dict:
+    found: dict = {}
+    for key, (module, name) in CLASSES.items():
+        try:
+            found[key] = getattr(importlib.import_module(module), name)
+        except Exception as e:
+            found[key] = f"{type(e).__name__} at import"
+    backend = found["RocmAiterUnifiedAttentionBackend"]
+    if not isinstance(backend, str):
+        found["its get_builder_cls()"] = backend.get_builder_cls()
+    return found
+
+
+def _members(found: dict) -> dict:
+    return {
+        k: v if isinstance(v, str) else (v, dict(v.__dict__)) for k, v in found.items()
+    }
+
+
+def _seed_summary(result: dict) -> dict:
+    out: dict = {}
+    for backend, why in result["unavailable"].items():
+        out[backend] = {"unavailable": why.split(":")[0]}
+    for run in result["runs"]:
+        entry = out.setdefault(run["backend"], {"ok": 0, "runs": 0, "errors": []})
+        entry["runs"] += 1
+        entry["ok"] += run["ok"]
+        if not run["ok"]:
+            error = run["error"].split(":")[0]
+            site = (run["error_site"] or "").rsplit(":", 1)[0]
+            if f"{error} in {site}" not in entry["errors"]:
+                entry["errors"].append(f"{error} in {site}")
+    return out
+
+
+def facts() -> dict:
+    """What the guard finds and does on the vLLM of this interpreter."""
+    os.environ["VLLM_CAPTURE_GUARD"] = "on"
+    from vllm_capture_guard import plugin
+    from vllm_capture_guard.check import run_seed
+    from vllm_capture_guard.patches.registry import PATCHES
+
+    unguarded = _seed_summary(run_seed())
+    needed = {}
+    for patch in PATCHES:
+        try:
+            found = patch.inspect()
+            needed[patch.NAME] = found.status
+        except Exception as e:
+            needed[patch.NAME] = f"error: {type(e).__name__}"
+    before = _members(_classes())
+    import vllm.plugins
+
+    vllm.plugins.load_general_plugins()
+    after = _members(_classes())
+    classes = {}
+    for key, was in before.items():
+        if isinstance(was, str):
+            classes[key] = {"unavailable": was}
+            continue
+        cls, attrs = was
+        now_cls, now_attrs = after[key]
+        classes[key] = {
+            "class": cls.__qualname__,
+            "same_class": now_cls is cls,
+            "now": f"{now_cls.__module__}.{now_cls.__qualname__}",
+            "attributes": len(attrs),
+            "changed": sorted(
+                n
+                for n in set(attrs) | set(now_attrs)
+                if attrs.get(n) is not now_attrs.get(n)
+            ),
+        }
+    report = plugin.report()
+    return {
+        "vllm": plugin.vllm_version(),
+        "unguarded": unguarded,
+        "needed": needed,
+        "guard_action": report.action,
+        "outcomes": {o.patch: [o.status, o.detail] for o in report.outcomes},
+        "classes": classes,
+        "guarded": _seed_summary(run_seed()),
+    }
+
+
+# --- driving the releases ----------------------------------------------------
+
+
+def _env(version: str) -> tuple[dict, bool]:
+    """Process environment for ``version``; True if it is the venv's own."""
+    from vllm_capture_guard.oracle import env_dir
+
+    env = dict(os.environ)
+    target = env_dir(version)
+    path = [str(ROOT / "src")] + ([str(target)] if target else [])
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.pop("VLLM_CAPTURE_GUARD", None)
+    return env, target is None
+
+
+def _run_facts(version: str) -> dict:
+    env, _ = _env(version)
+    env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+    proc = subprocess.run(
+        [sys.executable, __file__, "--facts"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"facts on vLLM {version} failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
+        )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if result["vllm"] != version:
+        raise SystemExit(
+            f"asked for vLLM {version}, the environment has {result['vllm']}: "
+            "run `make envs` (or set CAPTURE_GUARD_ENVS)"
+        )
+    return result
+
+
+def _run_tests(version: str, folder: Path) -> dict:
+    env, base = _env(version)
+    xml = folder / f"pytest-{version}.xml"
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+    args += [f"--junitxml={xml}"]
+    if not base:
+        args += ["-m", "not oracle"]
+    print(f"\n=== vLLM {version}: {' '.join(args[1:])}", flush=True)
+    start = time.monotonic()
+    proc = subprocess.run(args, env=env, cwd=ROOT)
+    seconds = time.monotonic() - start
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    skips: dict[str, int] = {}
+    for case in suite.iter("testcase"):
+        skipped = case.find("skipped")
+        if skipped is not None:
+            reason = (skipped.get("message") or "").removeprefix("Skipped: ")
+            skips[reason] = skips.get(reason, 0) + 1
+    tests = int(suite.get("tests"))
+    failed = int(suite.get("failures")) + int(suite.get("errors"))
+    skipped = int(suite.get("skipped"))
+    return {
+        "rc": proc.returncode,
+        "passed": tests - failed - skipped,
+        "failed": failed,
+        "skipped": skipped,
+        "skips": skips,
+        "seconds": round(seconds),
+        "oracle": base,
+    }
+
+
+# --- rendering ---------------------------------------------------------------
+
+
+def _capture(summary: dict, backend: str) -> str:
+    entry = summary.get(backend)
+    if entry is None:
+        return "not run"
+    if "unavailable" in entry:
+        return f"not importable here ({entry['unavailable']} at import)"
+    if entry["ok"] == entry["runs"]:
+        return f"passes ({entry['ok']}/{entry['runs']})"
+    errors = "; ".join(f"`{e}`" for e in entry["errors"])
+    return f"**fails** ({entry['runs'] - entry['ok']}/{entry['runs']}: {errors})"
+
+
+def _untouched(f: dict) -> str:
+    parts = []
+    for key, entry in f["classes"].items():
+        if "unavailable" in entry:
+            parts.append(f"{key}: not importable here")
+        elif not entry["same_class"]:
+            parts.append(f"{key}: now `{entry['now']}`")
+        elif entry["changed"]:
+            parts.append(f"{key}: patched ({', '.join(entry['changed'])})")
+        else:
+            parts.append(f"{key}: same ({entry['attributes']} attributes)")
+    return "; ".join(parts)
+
+
+def _patches(f: dict) -> str:
+    cells = []
+    for name, (status, _detail) in f["outcomes"].items():
+        cells.append(f"{name}: {status}")
+    return "<br>".join(cells)
+
+
+def readme_section(results: dict) -> str:
+    from vllm_capture_guard.scenarios import ROCM_BACKENDS
+
+    affected = {v: any(s == "needed" for s in r["facts"]["needed"].values())
+                for v, r in results.items()}  # fmt: skip
+    lines = [
+        START,
+        "<!-- generated by scripts/version_matrix.py --write; do not edit -->",
+        "| vLLM | affected (capture, no guard) | guard with "
+        "`VLLM_CAPTURE_GUARD=on` | capture with the guard | vLLM's classes "
+        "after loading |",
+        "|---|---|---|---|---|",
+    ]
+    for version, r in results.items():
+        f = r["facts"]
+        unguarded = "<br>".join(
+            f"{b}: {_capture(f['unguarded'], b)}" for b in ROCM_BACKENDS
+        )
+        guarded = "<br>".join(
+            f"{b}: {_capture(f['guarded'], b)}" for b in ROCM_BACKENDS
+        )
+        lines.append(
+            f"| {version} | {'**yes**' if affected[version] else 'no'}<br>"
+            f"{unguarded} | {f['guard_action']}<br>{_patches(f)} | {guarded} | "
+            f"{_untouched(f).replace('; ', '<br>')} |"
+        )
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def doc(results: dict, section: str, total: float) -> str:
+    out = [
+        "<!-- SPDX-License-Identifier: Apache-2.0 -->",
+        "# Version matrix",
+        "",
+        "Generated by `python scripts/version_matrix.py --write` (`make matrix`) "
+        "from a real run on a CPU host; `make test` reruns it and fails if the "
+        "README's table differs. Capture results are the seed scenario "
+        "(ROCm backend builder, then MiniMax-M3's indexer, on shared runner "
+        "buffers; 6 batch shapes per backend) on vLLM's real builders.",
+        "",
+        section.replace(START, "").replace(END, "").strip(),
+        "",
+        "## Test suite per release",
+        "",
+        "| vLLM | passed | failed | skipped | seconds | oracle tests |",
+        "|---|---|---|---|---|---|",
+    ]
+    for version, r in results.items():
+        t = r["tests"]
+        out.append(
+            f"| {version} | {t['passed']} | {t['failed']} | {t['skipped']} | "
+            f"{t['seconds']} | {'run here' if t['oracle'] else 'deselected'} |"
+        )
+    out += ["", f"Whole matrix: {round(total)} s.", "", "## Why tests skip", ""]
+    for version, r in results.items():
+        for reason, n in sorted(r["tests"]["skips"].items()):
+            out.append(f"- {version}: {n} x {reason}")
+    out += ["", "## What the guard said", ""]
+    for version, r in results.items():
+        for name, (status, detail) in r["facts"]["outcomes"].items():
+            out.append(f"- {version}, `{name}`: {status} ({detail})")
+    return "\n".join(out) + "\n"
+
+
+def _replace_section(text: str, section: str) -> str:
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        return head + section + rest.split(END, 1)[1]
+    raise SystemExit(f"README.md has no {START} ... {END} markers")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="write README + docs")
+    mode.add_argument("--check", action="store_true", help="README must match")
+    mode.add_argument("--facts", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--versions", nargs="+", default=list(VERSIONS))
+    args = parser.parse_args(argv)
+    if args.facts:
+        print(json.dumps(facts()))
+        return 0
+
+    start = time.monotonic()
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="version-matrix-") as tmp:
+        for version in args.versions:
+            print(f"\n=== vLLM {version}: facts", flush=True)
+            found = _run_facts(version)
+            results[version] = {"facts": found, "tests": _run_tests(version, Path(tmp))}
+    total = time.monotonic() - start
+    section = readme_section(results)
+    print("\n" + section.replace("<br>", "; "))
+    stale = False
+    readme = README.read_text()
+    wanted = _replace_section(readme, section)
+    if args.write:
+        README.write_text(wanted)
+        DOC.parent.mkdir(exist_ok=True)
+        DOC.write_text(doc(results, section, total))
+        print(f"wrote {DOC.relative_to(ROOT)} and the README table")
+    elif args.check and wanted != readme:
+        stale = True
+        print("README.md's version table is not what this run found:")
+        sys.stdout.writelines(
+            difflib.unified_diff(
+                readme.splitlines(True), wanted.splitlines(True), "README.md", "run"
+            )
+        )
+        print("regenerate it with `make matrix` and commit it")
+    passed = sum(r["tests"]["passed"] for r in results.values())
+    failed = sum(r["tests"]["failed"] for r in results.values())
+    skipped = sum(r["tests"]["skipped"] for r in results.values())
+    for version, r in results.items():
+        t = r["tests"]
+        print(
+            f"vLLM {version}: {t['passed']} passed, {t['failed']} failed, "
+            f"{t['skipped']} skipped in {t['seconds']} s"
+        )
+    print(f"matrix time: {round(total)} s")
+    print(f"version-matrix: {passed} passed, {failed} failed, {skipped} skipped")
+    bad = failed or any(r["tests"]["rc"] not in (0,) for r in results.values())
+    return 1 if bad or stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
