@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import json
 import os
 import subprocess
@@ -44,41 +43,7 @@ README = ROOT / "README.md"
 DOC = ROOT / "docs" / "version-matrix.md"
 START, END = "<!-- version-matrix:start -->", "<!-- version-matrix:end -->"
 
-#: vLLM's classes whose attributes must stay the same objects where the
-#: installed vLLM is fixed: (module, class); the AITER backend's builder is
-#: looked up through ``get_builder_cls()``.
-CLASSES = {
-    "RocmAttentionMetadataBuilder": (
-        "vllm.v1.attention.backends.rocm_attn",
-        "RocmAttentionMetadataBuilder",
-    ),
-    "RocmAiterUnifiedAttentionBackend": (
-        "vllm.v1.attention.backends.rocm_aiter_unified_attn",
-        "RocmAiterUnifiedAttentionBackend",
-    ),
-}
-
-
 # --- in the release's own environment ----------------------------------------
-
-
-def _classes() -> dict:
-    found: dict = {}
-    for key, (module, name) in CLASSES.items():
-        try:
-            found[key] = getattr(importlib.import_module(module), name)
-        except Exception as e:
-            found[key] = f"{type(e).__name__} at import"
-    backend = found["RocmAiterUnifiedAttentionBackend"]
-    if not isinstance(backend, str):
-        found["its get_builder_cls()"] = backend.get_builder_cls()
-    return found
-
-
-def _members(found: dict) -> dict:
-    return {
-        k: v if isinstance(v, str) else (v, dict(v.__dict__)) for k, v in found.items()
-    }
 
 
 def _seed_summary(result: dict) -> dict:
@@ -112,29 +77,9 @@ def facts() -> dict:
             needed[patch.NAME] = found.status
         except Exception as e:
             needed[patch.NAME] = f"error: {type(e).__name__}"
-    before = _members(_classes())
-    import vllm.plugins
+    from vllm_capture_guard.identity import around_plugin_load
 
-    vllm.plugins.load_general_plugins()
-    after = _members(_classes())
-    classes = {}
-    for key, was in before.items():
-        if isinstance(was, str):
-            classes[key] = {"unavailable": was}
-            continue
-        cls, attrs = was
-        now_cls, now_attrs = after[key]
-        classes[key] = {
-            "class": cls.__qualname__,
-            "same_class": now_cls is cls,
-            "now": f"{now_cls.__module__}.{now_cls.__qualname__}",
-            "attributes": len(attrs),
-            "changed": sorted(
-                n
-                for n in set(attrs) | set(now_attrs)
-                if attrs.get(n) is not now_attrs.get(n)
-            ),
-        }
+    classes = around_plugin_load()
     report = plugin.report()
     return {
         "vllm": plugin.vllm_version(),

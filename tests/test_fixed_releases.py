@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import guard_lines, run_snippet
 from vllm_capture_guard import scenarios as sc
+from vllm_capture_guard.identity import AITER_BUILDER, TARGETS
 from vllm_capture_guard.patches import (
     NOT_NEEDED,
     UNAVAILABLE,
@@ -24,56 +25,19 @@ from vllm_capture_guard.patches import (
 
 # Runs in a fresh interpreter; SHIM is replaced by a line or by nothing.
 SNIPPET = """
-import importlib, json
+import json
 SHIM
-import vllm.plugins
 from vllm_capture_guard import plugin
+from vllm_capture_guard.identity import around_plugin_load
 
-TARGETS = {
-    "rocm_builder": ("vllm.v1.attention.backends.rocm_attn",
-                     "RocmAttentionMetadataBuilder"),
-    "aiter_backend": ("vllm.v1.attention.backends.rocm_aiter_unified_attn",
-                      "RocmAiterUnifiedAttentionBackend"),
-}
-
-def classes():
-    out = {}
-    for key, (module, name) in TARGETS.items():
-        try:
-            out[key] = getattr(importlib.import_module(module), name)
-        except Exception as e:
-            out[key] = f"{type(e).__name__}: {e}"
-    backend = out["aiter_backend"]
-    if not isinstance(backend, str):
-        out["aiter_builder"] = backend.get_builder_cls()
-    return out
-
-def members(found):
-    return {k: (v if isinstance(v, str) else (v, dict(v.__dict__)))
-            for k, v in found.items()}
-
-before = members(classes())
-vllm.plugins.load_general_plugins()
-after = members(classes())
-result = {}
-for key, was in before.items():
-    if isinstance(was, str):
-        result[key] = {"unavailable": was}
-        continue
-    cls, attrs = was
-    now_cls, now_attrs = after[key]
-    result[key] = {
-        "class": cls.__qualname__,
-        "same_class": now_cls is cls,
-        "attributes": len(attrs),
-        "changed": sorted(n for n in set(attrs) | set(now_attrs)
-                          if attrs.get(n) is not now_attrs.get(n)),
-    }
+classes = around_plugin_load()
 r = plugin.report()
 print(json.dumps({"action": r.action, "message": r.message,
                   "outcomes": {o.patch: o.status for o in r.outcomes},
-                  "classes": result}))
+                  "classes": classes}))
 """
+
+ROCM_BUILDER, AITER_BACKEND = TARGETS
 
 SHIM = "from tests.shims import rocm_arch; rocm_arch.install()"
 
@@ -125,19 +89,19 @@ def test_fixed_release_builders_are_the_same_objects(fixed_release):
     assert out["action"] == "not needed", out["message"]
     assert len(guard_lines(logs)) == 1
     classes = out["classes"]
-    _assert_untouched(classes, "rocm_builder")
+    _assert_untouched(classes, ROCM_BUILDER)
     assert out["outcomes"][rocm_attn_cpu_offsets.NAME] == NOT_NEEDED
     aiter = rocm_aiter_unified_builder.NAME
-    if "unavailable" in classes["aiter_backend"]:
+    if "unavailable" in classes[AITER_BACKEND]:
         # 0.33 on a CPU host: the module asks the GPU for its arch at import.
         # The plugin says so and leaves it alone.
         assert out["outcomes"][aiter] == UNAVAILABLE
         assert f"{aiter}: unavailable (cannot import" in out["message"]
     else:
         assert out["outcomes"][aiter] == NOT_NEEDED
-        _assert_untouched(classes, "aiter_backend")
-        _assert_untouched(classes, "aiter_builder")
-        assert classes["aiter_builder"]["class"] == rocm_aiter_unified_builder.BUILDER
+        _assert_untouched(classes, AITER_BACKEND)
+        _assert_untouched(classes, AITER_BUILDER)
+        assert classes[AITER_BUILDER]["class"] == rocm_aiter_unified_builder.BUILDER
 
 
 def test_fixed_release_aiter_builder_untouched_with_arch_shim(fixed_release):
@@ -145,13 +109,13 @@ def test_fixed_release_aiter_builder_untouched_with_arch_shim(fixed_release):
     test-only arch shim (tests/shims/rocm_arch.py) and check that vLLM's own
     AITER builder is found, judged "not needed" and left as it was."""
     plain, _ = _load(shim=False)
-    if "unavailable" not in plain["classes"]["aiter_backend"]:
+    if "unavailable" not in plain["classes"][AITER_BACKEND]:
         pytest.skip("the AITER unified module imports on this host without a shim")
     out, _ = _load(shim=True)
     assert out["action"] == "not needed", out["message"]
     assert out["outcomes"][rocm_aiter_unified_builder.NAME] == NOT_NEEDED
-    for key in ("rocm_builder", "aiter_backend", "aiter_builder"):
+    for key in (ROCM_BUILDER, AITER_BACKEND, AITER_BUILDER):
         _assert_untouched(out["classes"], key)
-    assert out["classes"]["aiter_builder"]["class"] == (
+    assert out["classes"][AITER_BUILDER]["class"] == (
         rocm_aiter_unified_builder.BUILDER
     )
