@@ -10,7 +10,6 @@ import pytest
 
 from tests.conftest import run_fresh
 from vllm_capture_guard import scenarios as sc
-from vllm_capture_guard.patches import NEEDED, rocm_attn_cpu_offsets
 
 INDEXER_FILE = "vllm/models/minimax_m3/common/indexer.py"
 ASSERTION = "assert decode_query_len > 0"
@@ -18,7 +17,12 @@ ASSERTION = "assert decode_query_len > 0"
 
 @pytest.fixture(scope="module")
 def affected() -> bool:
-    return rocm_attn_cpu_offsets.inspect().status == NEEDED
+    """Judged by running vLLM's own ROCm capture unguarded (this process never
+    loads the guard), not by the guard's detection: a detection that wrongly
+    said "not needed" must fail these tests, not skip them."""
+    batch = sc.Batch(4)
+    run = sc.run_capture(sc.ROCM_ATTN, batch)
+    return run.query_start_loc_cpu_after != batch.offsets()
 
 
 def _seed(mode: str) -> tuple[dict, int]:
