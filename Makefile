@@ -50,7 +50,7 @@ matrix: lint envs
 
 # Patched 0.28.0 and 0.27.1 against unpatched 0.29.0, field by field.
 oracle: envs
-	$(PY) -m vllm_capture_guard.oracle run
+	$(PY) -m vllm_capture_guard.tools.oracle run
 
 bench: env
 	$(PY) benchmarks/bench_guard.py

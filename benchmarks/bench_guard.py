@@ -32,7 +32,7 @@ import vllm.plugins
 from vllm.platforms import current_platform
 current_platform.is_rocm()  # vLLM has resolved its platform before plugins load
 t0 = time.perf_counter()
-from vllm_capture_guard.plugin import register
+from vllm_capture_guard.runtime.plugin import register
 register()
 t1 = time.perf_counter()
 print(f"{(t1 - t0) * 1e3:.3f}")
@@ -50,9 +50,9 @@ def _per_call_us(fn, builder, metadata) -> float:
 
 
 def capture_cost() -> list[tuple[str, float, float]]:
-    from vllm_capture_guard import scenarios as sc
-    from vllm_capture_guard.patches import original_of
-    from vllm_capture_guard.patches.registry import PATCHES
+    from vllm_capture_guard.tools import scenarios as sc
+    from vllm_capture_guard.runtime.patches import original_of
+    from vllm_capture_guard.runtime.patches.registry import PATCHES
 
     for patch in PATCHES:
         patch.apply()
@@ -74,7 +74,7 @@ def capture_cost() -> list[tuple[str, float, float]]:
 
 def _unguarded_capture(cls, original_of):
     """vLLM's own capture for ``cls``: for our AITER subclass, its parent's."""
-    from vllm_capture_guard.patches import rocm_aiter_unified_builder as aiter
+    from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as aiter
 
     if cls.__module__ == aiter.__name__:
         cls = cls.__mro__[1]
@@ -85,8 +85,8 @@ def hot_path_identity() -> list[tuple[str, bool]]:
     """``build`` before and after the patches, for each ROCm backend."""
     import importlib
 
-    from vllm_capture_guard import scenarios as sc
-    from vllm_capture_guard.patches.registry import PATCHES
+    from vllm_capture_guard.tools import scenarios as sc
+    from vllm_capture_guard.runtime.patches.registry import PATCHES
 
     for patch in reversed(PATCHES):
         patch.revert()

@@ -65,9 +65,9 @@ def _seed_summary(result: dict) -> dict:
 def facts() -> dict:
     """What the guard finds and does on the vLLM of this interpreter."""
     os.environ["VLLM_CAPTURE_GUARD"] = "on"
-    from vllm_capture_guard import plugin
-    from vllm_capture_guard.check import run_seed
-    from vllm_capture_guard.patches.registry import PATCHES
+    from vllm_capture_guard.runtime import plugin
+    from vllm_capture_guard.tools.check import run_seed
+    from vllm_capture_guard.runtime.patches.registry import PATCHES
 
     unguarded = _seed_summary(run_seed())
     needed = {}
@@ -77,7 +77,7 @@ def facts() -> dict:
             needed[patch.NAME] = found.status
         except Exception as e:
             needed[patch.NAME] = f"error: {type(e).__name__}"
-    from vllm_capture_guard.identity import around_plugin_load
+    from vllm_capture_guard.tools.identity import around_plugin_load
 
     classes = around_plugin_load()
     report = plugin.report()
@@ -97,7 +97,7 @@ def facts() -> dict:
 
 def _env(version: str) -> tuple[dict, bool]:
     """Process environment for ``version``; True if it is the venv's own."""
-    from vllm_capture_guard.oracle import env_dir
+    from vllm_capture_guard.tools.oracle import env_dir
 
     env = dict(os.environ)
     target = env_dir(version)
@@ -202,7 +202,7 @@ def _patches(f: dict) -> str:
 
 
 def readme_section(results: dict) -> str:
-    from vllm_capture_guard.scenarios import ROCM_BACKENDS
+    from vllm_capture_guard.tools.scenarios import ROCM_BACKENDS
 
     affected = {v: any(s == "needed" for s in r["facts"]["needed"].values())
                 for v, r in results.items()}  # fmt: skip

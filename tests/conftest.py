@@ -83,7 +83,7 @@ def vllm_version() -> str:
 @pytest.fixture
 def unpatched():
     """Undo whatever the test patched in this process."""
-    from vllm_capture_guard.patches.registry import PATCHES
+    from vllm_capture_guard.runtime.patches.registry import PATCHES
 
     yield
     for patch in reversed(PATCHES):

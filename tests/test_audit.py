@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.conftest import run_fresh
-from vllm_capture_guard import audit
-from vllm_capture_guard import scenarios as sc
+from vllm_capture_guard.tools import audit
+from vllm_capture_guard.tools import scenarios as sc
 
 ROCM = ("ROCM_ATTN", "ROCM_AITER_UNIFIED_ATTN")
 
@@ -22,9 +22,9 @@ def rocm_affected() -> bool:
     """Does this vLLM's ROCm builder zero the CPU offsets (0.27/0.28)?"""
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
 
-    from vllm_capture_guard.contract import cpu_writes
-    from vllm_capture_guard.patches import original_of
-    from vllm_capture_guard.probe import capture_writes
+    from vllm_capture_guard.runtime.contract import cpu_writes
+    from vllm_capture_guard.runtime.patches import original_of
+    from vllm_capture_guard.runtime.probe import capture_writes
 
     fn = original_of(
         RocmAttentionMetadataBuilder.__dict__["build_for_cudagraph_capture"]

@@ -8,7 +8,7 @@ from copy import copy
 
 import torch
 
-from vllm_capture_guard.contract import (
+from vllm_capture_guard.runtime.contract import (
     CPU,
     DEVICE,
     cpu_writes,
@@ -17,7 +17,7 @@ from vllm_capture_guard.contract import (
     shares_memory,
     snapshot,
 )
-from vllm_capture_guard.probe import probe_metadata
+from vllm_capture_guard.runtime.probe import probe_metadata
 
 
 def test_in_place_writes_are_found_with_old_and_new_values():

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import guard_lines, run_snippet
-from vllm_capture_guard import scenarios as sc
-from vllm_capture_guard.identity import AITER_BUILDER, TARGETS
-from vllm_capture_guard.patches import (
+from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.tools.identity import AITER_BUILDER, TARGETS
+from vllm_capture_guard.runtime.patches import (
     NOT_NEEDED,
     UNAVAILABLE,
     rocm_aiter_unified_builder,
@@ -27,8 +27,8 @@ from vllm_capture_guard.patches import (
 SNIPPET = """
 import json
 SHIM
-from vllm_capture_guard import plugin
-from vllm_capture_guard.identity import around_plugin_load
+from vllm_capture_guard.runtime import plugin
+from vllm_capture_guard.tools.identity import around_plugin_load
 
 classes = around_plugin_load()
 r = plugin.report()

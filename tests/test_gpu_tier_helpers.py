@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.gpu import attention as at
-from vllm_capture_guard import scenarios as sc
+from vllm_capture_guard.tools import scenarios as sc
 
 
 def _step() -> at.Step:

@@ -9,8 +9,8 @@ import logging
 import pytest
 
 from tests.conftest import guard_lines, run_snippet
-from vllm_capture_guard import plugin
-from vllm_capture_guard.patches import (
+from vllm_capture_guard.runtime import plugin
+from vllm_capture_guard.runtime.patches import (
     ALREADY,
     NEEDED,
     PATCHED,
@@ -22,7 +22,7 @@ from vllm_capture_guard.patches import (
 LOAD_TWICE = """
 import json, sys
 import vllm.plugins
-from vllm_capture_guard import plugin
+from vllm_capture_guard.runtime import plugin
 vllm.plugins.load_general_plugins()
 vllm.plugins.load_general_plugins()
 plugin.register()  # a second call in the same process adds nothing
@@ -31,7 +31,7 @@ print(json.dumps({
     "action": r.action, "mode": r.mode, "message": r.message,
     "rocm_modules": sorted(
         m for m in sys.modules
-        if m.startswith(("vllm.", "vllm_capture_guard.patches.")) and "rocm" in m
+        if m.startswith(("vllm.", "vllm_capture_guard.runtime.patches.")) and "rocm" in m
     ),
 }))
 """
@@ -123,7 +123,7 @@ class _Boom:
 
 
 def _register_fresh(monkeypatch, patches, caplog):
-    from vllm_capture_guard.patches import registry
+    from vllm_capture_guard.runtime.patches import registry
 
     monkeypatch.setattr(registry, "PATCHES", patches)
     monkeypatch.setattr(plugin, "_report", None)

@@ -27,7 +27,7 @@ import pytest
 from tests.conftest import fresh_env
 from tests.rocm import engine_run, test_engine_startup
 from tests.rocm.tiny_model import engine_config, write_engine_model
-from vllm_capture_guard import scenarios as sc
+from vllm_capture_guard.tools import scenarios as sc
 
 TP_SIZES = (1, 4)
 LAYER_LISTS = ("sparse_attention_freq", "sparse_disable_index_value")
@@ -178,7 +178,7 @@ def test_engine_arguments_exist_and_validate(tmp_path):
 
 
 def test_host_info_on_this_host(vllm_version):
-    from vllm_capture_guard.patches import rocm_attn_cpu_offsets
+    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets
 
     code, out, timed_out = test_engine_startup._run(
         ["-m", "tests.rocm.engine_run", "--host-info"],
@@ -193,7 +193,7 @@ def test_host_info_on_this_host(vllm_version):
     if torch.version.hip is None:
         assert info["gpus"] == 0
     assert info["vllm"] == vllm_version
-    assert info["entry_point"] == "vllm_capture_guard.plugin:register"
+    assert info["entry_point"] == "vllm_capture_guard.runtime.plugin:register"
     # The same behavioural answer as in this process (nothing patched here).
     assert info["inspect"]["status"] == rocm_attn_cpu_offsets.inspect().status
     host = test_engine_startup.Host(info)

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 import torch
 
-from vllm_capture_guard import scenarios as sc
-from vllm_capture_guard.testing import (
+from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.tools.testing import (
     SharedMetadataWriteWarning,
     assert_capture_keeps_shared_cpu_metadata,
     capture_on_shared_metadata,
@@ -75,9 +75,9 @@ def test_rocm_builder_is_caught_exactly_when_it_writes_cpu_offsets(config, unpat
     the guard's patches are applied in this process."""
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
 
-    from vllm_capture_guard.contract import cpu_writes
-    from vllm_capture_guard.plugin import decide_and_apply
-    from vllm_capture_guard.probe import capture_writes
+    from vllm_capture_guard.runtime.contract import cpu_writes
+    from vllm_capture_guard.runtime.plugin import decide_and_apply
+    from vllm_capture_guard.runtime.probe import capture_writes
 
     affected = bool(cpu_writes(capture_writes(RocmAttentionMetadataBuilder)))
     builder = _builder(RocmAttentionMetadataBuilder, config)
@@ -100,7 +100,7 @@ INNER_TESTS = """
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     from tests.scratch_builders import LeakyTritonMetadataBuilder
-    from vllm_capture_guard import scenarios as sc
+    from vllm_capture_guard.tools import scenarios as sc
 
     def make(cls):
         cfg = sc.make_vllm_config(0)
@@ -122,7 +122,7 @@ INNER_TESTS = """
 def test_pytest_plugin_fails_cpu_writes_and_reports_device_writes(pytester):
     pytester.makepyfile(test_inner=textwrap.dedent(INNER_TESTS))
     result = pytester.runpytest(
-        "-p", "vllm_capture_guard.pytest_plugin", "-p", "no:cacheprovider"
+        "-p", "vllm_capture_guard.tools.pytest_plugin", "-p", "no:cacheprovider"
     )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(

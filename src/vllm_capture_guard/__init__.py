@@ -3,7 +3,7 @@
 changing the attention metadata that other builders read.
 
 Importing this package imports neither vLLM nor torch; the vLLM plugin entry
-point is :func:`vllm_capture_guard.plugin.register`.
+point is :func:`vllm_capture_guard.runtime.plugin.register`.
 """
 
 __version__ = "0.1.0"

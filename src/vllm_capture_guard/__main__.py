@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 import sys
 
-from vllm_capture_guard.cli import main
+from vllm_capture_guard.tools.cli import main
 
 sys.exit(main())

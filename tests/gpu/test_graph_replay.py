@@ -62,7 +62,7 @@ ASSERTION = "assert decode_query_len > 0"
 
 
 def _patches():
-    from vllm_capture_guard.patches.registry import PATCHES
+    from vllm_capture_guard.runtime.patches.registry import PATCHES
 
     return PATCHES
 
@@ -76,7 +76,7 @@ def guard(gpu_results):
     os.environ["VLLM_CAPTURE_GUARD"] = "on"
     from vllm.plugins import load_general_plugins
 
-    from vllm_capture_guard.plugin import report, vllm_version
+    from vllm_capture_guard.runtime.plugin import report, vllm_version
 
     load_general_plugins()
     found = report()
@@ -129,8 +129,8 @@ def guard_removed():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unguarded_capture_hits_indexer_assertion(backend, guard, gpu_results):
-    from vllm_capture_guard import scenarios as sc
-    from vllm_capture_guard.patches import NEEDED, PATCHED, rocm_attn_cpu_offsets
+    from vllm_capture_guard.tools import scenarios as sc
+    from vllm_capture_guard.runtime.patches import NEEDED, PATCHED, rocm_attn_cpu_offsets
 
     if not any(o.status == PATCHED for o in guard.outcomes):
         pytest.skip(f"the guard found nothing to patch here: {guard.message}")
@@ -230,7 +230,7 @@ CASES = [
 
 @pytest.mark.parametrize(("kernel", "backend", "dtype_name"), CASES)
 def test_graph_replay(kernel, backend, dtype_name, guard, gpu_results):
-    from vllm_capture_guard import scenarios as sc
+    from vllm_capture_guard.tools import scenarios as sc
 
     started = time.time()
     spec = at.KERNELS[kernel]

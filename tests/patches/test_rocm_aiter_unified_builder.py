@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_capture_guard import scenarios as sc
-from vllm_capture_guard.patches import (
+from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.runtime.patches import (
     ALREADY,
     NEEDED,
     PATCHED,

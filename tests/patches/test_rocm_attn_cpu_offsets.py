@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.conftest import run_fresh
-from vllm_capture_guard import scenarios as sc
+from vllm_capture_guard.tools import scenarios as sc
 
 INDEXER_FILE = "vllm/models/minimax_m3/common/indexer.py"
 ASSERTION = "assert decode_query_len > 0"

@@ -90,7 +90,7 @@ def run_engine(model_dir: str, backend: str, cudagraph_mode: str, tp: int) -> di
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_capture_guard import plugin
+    from vllm_capture_guard.runtime import plugin
 
     start = time.monotonic()
     llm = LLM(**llm_kwargs(model_dir, backend, cudagraph_mode, tp))
@@ -146,7 +146,7 @@ def host_info() -> dict:
         (ep.value for ep in eps if ep.name == "capture_guard"), None
     )
     import vllm_capture_guard
-    from vllm_capture_guard.patches import rocm_attn_cpu_offsets
+    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets
 
     info["guard_module"] = str(Path(vllm_capture_guard.__file__).resolve().parent)
     outcome = rocm_attn_cpu_offsets.inspect()

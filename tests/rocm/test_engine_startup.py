@@ -18,7 +18,7 @@ prompts (:mod:`tests.rocm.engine_run`, one fresh process per engine).
   accident. On a vLLM that is not affected it must start.
 
 "Affected" is decided by behaviour, as the plugin decides it:
-``vllm_capture_guard.patches.rocm_attn_cpu_offsets.inspect()`` runs the
+``vllm_capture_guard.runtime.patches.rocm_attn_cpu_offsets.inspect()`` runs the
 installed ROCm builder's capture on a CPU probe and reports whether it zeroes
 ``query_start_loc_cpu``.
 
@@ -52,7 +52,7 @@ from tests.rocm.tiny_model import write_engine_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TP_SIZES = (1, 4)
-NEEDED = "needed"  # vllm_capture_guard.patches.NEEDED, without importing it
+NEEDED = "needed"  # vllm_capture_guard.runtime.patches.NEEDED, without importing it
 NOT_NEEDED = "not needed"
 STARTUP_FAILURE = "assert decode_query_len > 0"
 ENGINE_FAILED = ("EngineCore failed to start", "Engine core initialization failed")
@@ -155,7 +155,7 @@ def _probe_host() -> tuple[Host | None, str]:
             f"ROCm torch {info['torch']} (HIP {info['hip']}) but no GPU is "
             "visible (torch.cuda.device_count() == 0)"
         )
-    if info["entry_point"] != "vllm_capture_guard.plugin:register":
+    if info["entry_point"] != "vllm_capture_guard.runtime.plugin:register":
         pytest.fail(
             "vllm-capture-guard is not installed as a vLLM plugin in this "
             "environment (no 'capture_guard' entry point in group "

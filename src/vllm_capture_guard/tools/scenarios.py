@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from vllm_capture_guard.contract import FieldWrite, snapshot
+from vllm_capture_guard.runtime.contract import FieldWrite, snapshot
 
 ROCM_ATTN = "ROCM_ATTN"
 ROCM_AITER_UNIFIED_ATTN = "ROCM_AITER_UNIFIED_ATTN"

@@ -12,9 +12,9 @@ side by side, field by field:
     Load the plugins the way a vLLM worker does
     (``vllm.plugins.load_general_plugins()``, so ``VLLM_CAPTURE_GUARD`` decides
     whether the guard acts; ``auto`` counts as ``on`` here, as in ``check``),
-    then, for each ROCm backend x :data:`~vllm_capture_guard.scenarios.
+    then, for each ROCm backend x :data:`~vllm_capture_guard.tools.scenarios.
     DEFAULT_BATCHES` batch, run the runner's capture sequence
-    (:func:`~vllm_capture_guard.scenarios.capture_groups`: the backend's
+    (:func:`~vllm_capture_guard.tools.scenarios.capture_groups`: the backend's
     builder, then MiniMax-M3's indexer, on shallow copies of one shared
     ``CommonAttentionMetadata``). For each builder it records every field of
     that metadata (CPU and device, tensors as lists, scalars as values) before
@@ -30,9 +30,9 @@ side by side, field by field:
 
 Commands (exit 0 when every candidate matches, 1 when one differs)::
 
-    python -m vllm_capture_guard.oracle record --out 0.28.0.json
-    python -m vllm_capture_guard.oracle compare 0.29.0.json 0.28.0.json
-    python -m vllm_capture_guard.oracle run --reference 0.29.0 \\
+    python -m vllm_capture_guard.tools.oracle record --out 0.28.0.json
+    python -m vllm_capture_guard.tools.oracle compare 0.29.0.json 0.28.0.json
+    python -m vllm_capture_guard.tools.oracle run --reference 0.29.0 \\
         --candidate 0.28.0 --candidate 0.27.1
 """
 
@@ -140,7 +140,7 @@ class _Recorder:
 
 def record_case(backend: str, batch: Any, device: str = "cpu") -> dict[str, Any]:
     """One backend x batch: every builder's capture, recorded."""
-    from vllm_capture_guard import scenarios as sc
+    from vllm_capture_guard.tools import scenarios as sc
 
     config = sc.make_vllm_config(max(batch.query_len - 1, 0), device)
     recorders = [
@@ -163,8 +163,8 @@ def record_case(backend: str, batch: Any, device: str = "cpu") -> dict[str, Any]
 
 def record() -> dict[str, Any]:
     """Load the plugins as a worker does, then record every case."""
-    from vllm_capture_guard import plugin
-    from vllm_capture_guard import scenarios as sc
+    from vllm_capture_guard.runtime import plugin
+    from vllm_capture_guard.tools import scenarios as sc
 
     if os.environ.get(GUARD_ENV, "").strip().lower() in ("", "auto"):
         os.environ[GUARD_ENV] = "on"  # judge the ROCm code path on any host
@@ -390,7 +390,7 @@ def record_in(
 ) -> dict[str, Any]:
     """``record`` in a fresh interpreter against vLLM ``version``."""
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_capture_guard.oracle", "record", "--out", out],
+        [sys.executable, "-m", "vllm_capture_guard.tools.oracle", "record", "--out", out],
         env=env_for(version, mode, envs),
         capture_output=True,
         text=True,
@@ -412,7 +412,7 @@ def record_in(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m vllm_capture_guard.oracle", description=__doc__
+        prog="python -m vllm_capture_guard.tools.oracle", description=__doc__
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p_rec = sub.add_parser("record", help="record this vLLM's capture as JSON")

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from vllm_capture_guard import __version__
-from vllm_capture_guard.plugin import ENV, PREFIX, read_mode
+from vllm_capture_guard.runtime.plugin import ENV, PREFIX, read_mode
 
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 ENTRY_POINT_NAME = "capture_guard"
@@ -40,9 +40,9 @@ def _allowed_by_vllm_plugins() -> bool:
 
 
 def status() -> int:
-    from vllm_capture_guard.patches import ALREADY, NEEDED, PATCHED
-    from vllm_capture_guard.patches.registry import PATCHES
-    from vllm_capture_guard.plugin import _platform_name, vllm_version
+    from vllm_capture_guard.runtime.patches import ALREADY, NEEDED, PATCHED
+    from vllm_capture_guard.runtime.patches.registry import PATCHES
+    from vllm_capture_guard.runtime.plugin import _platform_name, vllm_version
 
     mode, problem = read_mode()
     is_rocm, platform = _platform_name()
@@ -92,7 +92,7 @@ def check(as_json: bool) -> int:
         import vllm.plugins
 
         vllm.plugins.load_general_plugins()  # exactly as a vLLM worker does
-        from vllm_capture_guard.check import run_seed
+        from vllm_capture_guard.tools.check import run_seed
 
         result = run_seed()
     except Exception as e:
@@ -147,14 +147,14 @@ def audit(as_json: bool, backends: list[str] | None) -> int:
         # Judge the ROCm code path on any host: act as on ROCm.
         os.environ[ENV] = "on"
     shown = mode if mode != "auto" else "auto (counts as on: audits the ROCm path)"
-    from vllm_capture_guard.audit import use_version_cache
+    from vllm_capture_guard.tools.audit import use_version_cache
 
     use_version_cache()
     try:
         import vllm.plugins
 
         vllm.plugins.load_general_plugins()  # exactly as a vLLM worker does
-        from vllm_capture_guard.audit import print_report, run_audit
+        from vllm_capture_guard.tools.audit import print_report, run_audit
 
         result = run_audit(backends, guard_mode=shown)
     except Exception as e:

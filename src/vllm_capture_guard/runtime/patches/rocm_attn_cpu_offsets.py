@@ -32,7 +32,7 @@ Affected:
     patch fixes startup for both backends.
 
 Detected:
-    By behaviour (:mod:`vllm_capture_guard.probe`): the installed capture runs
+    By behaviour (:mod:`vllm_capture_guard.runtime.probe`): the installed capture runs
     once on a tiny CPU metadata; the patch applies only if it wrote
     ``query_start_loc_cpu``.
 
@@ -50,8 +50,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_capture_guard.contract import preserved, shares_memory
-from vllm_capture_guard.patches import (
+from vllm_capture_guard.runtime.contract import preserved, shares_memory
+from vllm_capture_guard.runtime.patches import (
     ALREADY,
     NEEDED,
     NOT_NEEDED,
@@ -92,7 +92,7 @@ def _keep_cpu_offsets(original: Any) -> Any:
 
 def inspect() -> Outcome:
     """Does the installed builder's capture write ``query_start_loc_cpu``?"""
-    from vllm_capture_guard.probe import capture_writes
+    from vllm_capture_guard.runtime.probe import capture_writes
 
     try:
         cls = _target()

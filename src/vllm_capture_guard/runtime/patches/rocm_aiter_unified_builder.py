@@ -27,7 +27,7 @@ Affected:
 
 Detected:
     By behaviour: the builder class that the installed backend returns is
-    probed once (:mod:`vllm_capture_guard.probe`); the patch applies only if its
+    probed once (:mod:`vllm_capture_guard.runtime.probe`); the patch applies only if its
     capture writes the device ``query_start_loc``.
 
 How:
@@ -38,7 +38,7 @@ How:
     ROCM_ATTN keeps its own builder and its #25985 guard.
 
     Checked against 0.29.0 itself, not only read: the differential oracle
-    (:mod:`vllm_capture_guard.oracle`) records every field of the shared
+    (:mod:`vllm_capture_guard.tools.oracle`) records every field of the shared
     metadata before and after each builder's capture, and every field of the
     metadata it returns, on patched 0.27.1/0.28.0 and on unpatched 0.29.0, and
     requires them to be equal. The subclass bears upstream's class name and is
@@ -52,8 +52,8 @@ from __future__ import annotations
 
 import importlib
 
-from vllm_capture_guard.contract import preserved
-from vllm_capture_guard.patches import (
+from vllm_capture_guard.runtime.contract import preserved
+from vllm_capture_guard.runtime.patches import (
     ALREADY,
     MARKER,
     NEEDED,
@@ -105,7 +105,7 @@ def _own_builder(parent: type) -> type:
 
 def inspect() -> Outcome:
     """Does the builder this backend returns zero ``query_start_loc``?"""
-    from vllm_capture_guard.probe import capture_writes
+    from vllm_capture_guard.runtime.probe import capture_writes
 
     try:
         backend = _backend()

@@ -4,7 +4,7 @@
 Vendor ROCm images carry versions such as ``0.27.2rc1.dev77+g...rocm723``, so
 the plugin never compares version strings. It runs the installed builder's own
 ``build_for_cudagraph_capture`` once, on a tiny runner-shaped metadata of CPU
-tensors, and looks at what changed (:mod:`vllm_capture_guard.contract`).
+tensors, and looks at what changed (:mod:`vllm_capture_guard.runtime.contract`).
 
 The probe needs no ``VllmConfig``: it makes the builder with ``object.__new__``
 and sets only what the base ``AttentionMetadataBuilder.__init__`` sets. The ROCm
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from vllm_capture_guard.contract import FieldWrite, snapshot
+from vllm_capture_guard.runtime.contract import FieldWrite, snapshot
 
 #: The probe batch: two uniform decode requests of one token each.
 PROBE_QUERY_LENS = (1, 1)

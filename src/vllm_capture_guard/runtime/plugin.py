@@ -99,8 +99,8 @@ def decide_and_apply(mode: str) -> Report:
                 "skipped",
                 f"platform is {name}, not ROCm (set {ENV}=on to act anyway)",
             )
-    from vllm_capture_guard.patches import PATCHED
-    from vllm_capture_guard.patches.registry import PATCHES
+    from vllm_capture_guard.runtime.patches import PATCHED
+    from vllm_capture_guard.runtime.patches.registry import PATCHES
 
     outcomes, failures = [], []
     for patch in PATCHES:

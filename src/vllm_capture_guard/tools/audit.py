@@ -4,13 +4,13 @@ capture write into the metadata that other builders read?
 
 During full-graph capture one ``CommonAttentionMetadata`` (views of the model
 runner's persistent buffers, a shallow copy per KV-cache group) passes through
-every metadata builder in turn (:mod:`vllm_capture_guard.contract`). For each
+every metadata builder in turn (:mod:`vllm_capture_guard.runtime.contract`). For each
 backend in vLLM's own registries (``AttentionBackendEnum``,
 ``MambaAttentionBackendEnum`` and any other enum with ``get_class`` that
 ``vllm.v1.attention.backends.registry`` defines), the audit
 
 1. builds the backend's metadata builder on the CPU, with a real ``VllmConfig``
-   (the tiny MiniMax-M3 of :mod:`vllm_capture_guard.scenarios`) and the KV-cache
+   (the tiny MiniMax-M3 of :mod:`vllm_capture_guard.tools.scenarios`) and the KV-cache
    spec the backend's layers would publish (Mamba spec for the Mamba registry,
    MLA spec for ``is_mla()`` backends, full attention otherwise, then
    ``customize_spec``, as the runner does); a backend that cannot be built
@@ -59,8 +59,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_capture_guard import scenarios as sc
-from vllm_capture_guard.contract import CPU, DEVICE, FieldWrite, snapshot
+from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.runtime.contract import CPU, DEVICE, FieldWrite, snapshot
 
 REGISTRY_MODULE = "vllm.v1.attention.backends.registry"
 
@@ -102,7 +102,7 @@ NOT_RUN = "not run"
 class FrozenTensor:
     """A tensor's values at one moment. ``side`` is ``host`` for tensors named
     ``*cpu*``/``*host*`` and numpy arrays, else ``device`` (by name, as
-    :func:`vllm_capture_guard.contract.field_side`, so that the CPU tier
+    :func:`vllm_capture_guard.runtime.contract.field_side`, so that the CPU tier
     reasons as a GPU host would)."""
 
     side: str
@@ -917,7 +917,7 @@ def run_audit(
 ) -> AuditResult:
     """Audit vLLM as this process sees it (patched or not): every registered
     backend, or those in ``names``."""
-    from vllm_capture_guard.plugin import report, vllm_version
+    from vllm_capture_guard.runtime.plugin import report, vllm_version
 
     t0 = time.perf_counter()
     configs = Configs()

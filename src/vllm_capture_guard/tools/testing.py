@@ -13,7 +13,7 @@ rewrites those buffers before every replay.
 
 Plain helper, in any test::
 
-    from vllm_capture_guard.testing import assert_capture_keeps_shared_cpu_metadata
+    from vllm_capture_guard.tools.testing import assert_capture_keeps_shared_cpu_metadata
 
     def test_capture_is_private(vllm_config):
         builder = MyMetadataBuilder(spec, ["model.layers.0.attn"], vllm_config, dev)
@@ -22,8 +22,8 @@ Plain helper, in any test::
 
 It raises ``AssertionError`` naming each CPU field written (old and new
 values) and emits one :class:`SharedMetadataWriteWarning` per device field
-written. With the pytest plugin (``pytest -p vllm_capture_guard.pytest_plugin``
-or ``pytest_plugins = ["vllm_capture_guard.pytest_plugin"]`` in a root
+written. With the pytest plugin (``pytest -p vllm_capture_guard.tools.pytest_plugin``
+or ``pytest_plugins = ["vllm_capture_guard.tools.pytest_plugin"]`` in a root
 ``conftest.py``) the ``capture_contract`` fixture does the same and lists the
 device writes in a report section at the end of the session instead.
 """
@@ -35,7 +35,7 @@ import warnings
 from copy import copy
 from typing import Any
 
-from vllm_capture_guard.contract import CPU, DEVICE, FieldWrite, snapshot
+from vllm_capture_guard.runtime.contract import CPU, DEVICE, FieldWrite, snapshot
 
 #: The default batch: four single-token decodes, the runner's common capture.
 DEFAULT_NUM_REQS = 4
@@ -76,8 +76,8 @@ class CaptureCheck:
 
 def runner_metadata(num_reqs: int = DEFAULT_NUM_REQS, device: Any = "cpu") -> Any:
     """A ``CommonAttentionMetadata`` of views of runner-like persistent buffers
-    (:class:`vllm_capture_guard.scenarios.RunnerBuffers`) for a uniform decode."""
-    from vllm_capture_guard import scenarios as sc
+    (:class:`vllm_capture_guard.tools.scenarios.RunnerBuffers`) for a uniform decode."""
+    from vllm_capture_guard.tools import scenarios as sc
 
     batch = sc.Batch(num_reqs)
     buffers = sc.RunnerBuffers(device=device)

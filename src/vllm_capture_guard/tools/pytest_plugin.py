@@ -2,8 +2,8 @@
 """pytest plugin: the ``capture_contract`` fixture and a report of the shared
 device fields that captures wrote.
 
-Enable it with ``pytest -p vllm_capture_guard.pytest_plugin`` or with
-``pytest_plugins = ["vllm_capture_guard.pytest_plugin"]`` in a root
+Enable it with ``pytest -p vllm_capture_guard.tools.pytest_plugin`` or with
+``pytest_plugins = ["vllm_capture_guard.tools.pytest_plugin"]`` in a root
 ``conftest.py``. It is not registered automatically (no ``pytest11`` entry
 point): installing the guard into an environment changes no test run.
 
@@ -48,7 +48,7 @@ class CaptureContract:
         self.findings: list[Finding] = []
 
     def check(self, builder: Any, common_attn_metadata: Any = None) -> Any:
-        from vllm_capture_guard.testing import capture_on_shared_metadata
+        from vllm_capture_guard.tools.testing import capture_on_shared_metadata
 
         result = capture_on_shared_metadata(builder, common_attn_metadata)
         node = self._request.node
