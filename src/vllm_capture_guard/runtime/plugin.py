@@ -1,46 +1,45 @@
 # SPDX-License-Identifier: Apache-2.0
 """vLLM general plugin entry point (group ``vllm.general_plugins``).
 
-vLLM calls :func:`register` once in every process it starts (front end, engine
-core, each worker, the model-inspection subprocess) before any CUDA graph is
-captured. It decides, applies the patches that this vLLM needs, and logs one
-INFO line through vLLM's logger. It never raises: a failure becomes one
-WARNING, and the patch concerned leaves vLLM as it was.
+vLLM calls :func:`register` in every process it starts (front end, engine
+core, each worker, the model-inspection subprocess). ``register`` reads the
+switches (:mod:`.switch`) and sets post-import hooks (:mod:`.hooks`); it
+imports no vLLM attention module and initialises no CUDA/HIP. Each patch
+applies the moment vLLM imports the backend module it fixes (at once, if that
+is already imported), so a process that never imports a ROCm backend, such as
+the API server, pays nothing.
 
-``VLLM_CAPTURE_GUARD`` switches it:
-
-``auto`` (default)
-    act on a ROCm platform only; elsewhere import no ROCm module at all.
-``on``
-    act on any platform (CPU tests, ``vllm-capture-guard check``).
-``off``
-    do nothing.
+What a patch did is logged once, through vLLM's logger: INFO when it patched
+or found nothing to do, one WARNING when it fixed capture without proof that
+it had to (fail closed) or could not act. Nothing here ever raises into vLLM.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
+import threading
 
-ENV = "VLLM_CAPTURE_GUARD"
-MODES = ("auto", "on", "off")
-DEFAULT_MODE = "auto"
+from vllm_capture_guard.runtime import switch
+
 PREFIX = "vllm-capture-guard"
 
 
 @dataclasses.dataclass
 class Report:
-    """What :func:`register` did in this process."""
+    """What the plugin did in this process so far."""
 
     mode: str
-    action: str  # "patched" | "not needed" | "disabled" | "skipped" | "failed"
+    #: "armed" (waiting for vLLM to import a backend), "patched",
+    #: "not needed", "disabled", "skipped" or "failed".
+    action: str
     message: str
-    outcomes: list = dataclasses.field(default_factory=list)
+    outcomes: dict = dataclasses.field(default_factory=dict)
     failures: list = dataclasses.field(default_factory=list)
 
 
 _report: Report | None = None
+_lock = threading.RLock()
 
 
 def _logger() -> logging.Logger:
@@ -53,22 +52,8 @@ def _logger() -> logging.Logger:
         return logging.getLogger("vllm.capture_guard")
 
 
-def read_mode(environ: dict | None = None) -> tuple[str, str | None]:
-    """``(mode, problem)``: an invalid value falls back to ``auto`` and
-    ``problem`` says so, naming the allowed values."""
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_MODE, None
-    value = raw.strip().lower()
-    if value in MODES:
-        return value, None
-    return DEFAULT_MODE, (
-        f"{ENV}={raw!r} is not one of {', '.join(MODES)}; using {DEFAULT_MODE!r}"
-    )
-
-
-def _platform_name() -> tuple[bool, str]:
+def platform_name() -> tuple[bool, str]:
+    """(is ROCm, name) of vLLM's current platform."""
     from vllm.platforms import current_platform
 
     # Read the class, not the instance: Platform.__getattr__ warns and imports.
@@ -86,70 +71,123 @@ def vllm_version() -> str:
         return "unknown"
 
 
-def decide_and_apply(mode: str) -> Report:
-    """The plugin's work, without logging. Raises only on programming errors
-    outside the patches; each patch's own failure is caught and recorded."""
-    if mode == "off":
-        return Report(mode, "disabled", f"{ENV}=off; vLLM's capture is unchanged")
-    if mode == "auto":
-        is_rocm, name = _platform_name()
+def _summarise(report: Report) -> None:
+    from vllm_capture_guard.runtime.patches import Status
+
+    statuses = [o.status for o in report.outcomes.values()]
+    if report.failures:
+        action = "failed"
+    elif Status.PATCHED in statuses or Status.ALREADY in statuses:
+        action = "patched"
+    elif statuses and all(
+        s in (Status.NOT_NEEDED, Status.DISABLED, Status.UNAVAILABLE) for s in statuses
+    ):
+        action = "not needed"
+    else:
+        action = "armed"
+    report.action = action
+    parts = [str(o) for o in report.outcomes.values()] + report.failures
+    report.message = f"{action} on vLLM {vllm_version()}: " + "; ".join(parts)
+
+
+def _on_import(patch, log: logging.Logger, first: bool = True):  # noqa: ANN001
+    """The hook for one patch: apply, record, log once."""
+    from vllm_capture_guard.runtime import hooks
+    from vllm_capture_guard.runtime.patches import Status
+
+    def hook(_module) -> None:  # noqa: ANN001
+        with _lock:
+            try:
+                outcome = patch.apply()
+            except Exception as e:
+                failure = f"{patch.name}: failed ({type(e).__name__}: {e})"
+                _report.failures.append(failure)
+                _summarise(_report)
+                log.warning(
+                    "%s: %s; vLLM goes on without this patch. Please report "
+                    "this with `vllm-capture-guard status`.",
+                    PREFIX,
+                    failure,
+                )
+                return
+            seen = patch.name in _report.outcomes
+            if seen and outcome.status is not Status.PATCHED and not outcome.warning:
+                return  # a later module changed nothing: stay quiet
+            _report.outcomes[patch.name] = outcome
+            _summarise(_report)
+            if outcome.warning:
+                log.warning("%s: %s: %s", PREFIX, patch.name, outcome.warning)
+            else:
+                log.info("%s: %s on vLLM %s", PREFIX, outcome, vllm_version())
+            for name in patch.follow():
+                hooks.when_imported(name, _on_import(patch, log, False), _failed(log))
+
+    return hook
+
+
+def _failed(log: logging.Logger):  # noqa: ANN202
+    def on_error(module: str, error: BaseException) -> None:
+        with _lock:
+            failure = f"hook for {module}: {type(error).__name__}: {error}"
+            if _report is not None:
+                _report.failures.append(failure)
+                _summarise(_report)
+        log.warning("%s: %s; vLLM goes on.", PREFIX, failure)
+
+    return on_error
+
+
+def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
+    if mode is switch.Mode.OFF:
+        return Report(
+            mode.value, "disabled", f"{switch.ENV}=off; vLLM's capture is unchanged"
+        )
+    if mode is switch.Mode.AUTO:
+        is_rocm, name = platform_name()
         if not is_rocm:
             return Report(
-                mode,
+                mode.value,
                 "skipped",
-                f"platform is {name}, not ROCm (set {ENV}=on to act anyway)",
+                f"platform is {name}, not ROCm (set {switch.ENV}=on to act anyway)",
             )
-    from vllm_capture_guard.runtime.patches import PATCHED
-    from vllm_capture_guard.runtime.patches.registry import PATCHES
+    from vllm_capture_guard.runtime import hooks
+    from vllm_capture_guard.runtime.patches import PATCHES
 
-    outcomes, failures = [], []
+    global _report
+    _report = Report(mode.value, "armed", "waiting for vLLM to import a backend")
     for patch in PATCHES:
-        try:
-            outcomes.append(patch.apply())
-        except Exception as e:  # the patch installs nothing unless it succeeds
-            failures.append(f"{patch.NAME}: {type(e).__name__}: {e}")
-    version = vllm_version()
-    applied = [o for o in outcomes if o.status == PATCHED]
-    parts = "; ".join(str(o) for o in outcomes)
-    if applied:
-        action = "patched"
-    elif failures and not outcomes:
-        action = "failed"
-    else:
-        action = "not needed"
-    message = f"{action} on vLLM {version}: {parts}" if parts else action
-    return Report(mode, action, message, outcomes, failures)
+        hooks.when_imported(patch.modules[0], _on_import(patch, log), _failed(log))
+    return _report
 
 
 def register() -> None:
     """Entry point named in ``pyproject.toml``. Never raises."""
     global _report
-    if _report is not None:  # loaded twice in one process: nothing more to do
-        return
-    log = _logger()
-    try:
-        mode, problem = read_mode()
-        if problem:
-            log.warning("%s: %s", PREFIX, problem)
-        _report = decide_and_apply(mode)
-        if _report.failures:
+    with _lock:
+        if _report is not None:  # loaded twice in one process: nothing more
+            return
+        log = _logger()
+        try:
+            mode, problem = switch.read_mode()
+            if problem:
+                log.warning("%s: %s", PREFIX, problem)
+            report = _arm(mode, log)
+            if _report is None:
+                _report = report
+            if report.action in ("disabled", "skipped"):
+                log.info("%s: %s", PREFIX, report.message)
+            else:
+                log.debug("%s: %s", PREFIX, report.message)
+        except Exception as e:
+            _report = Report("?", "failed", f"{type(e).__name__}: {e}")
             log.warning(
-                "%s: could not check or patch %s; vLLM goes on without that "
-                "patch. Please report this with `vllm-capture-guard status`.",
+                "%s: failed (%s: %s); vLLM goes on unpatched.",
                 PREFIX,
-                " | ".join(_report.failures),
+                type(e).__name__,
+                e,
             )
-        log.info("%s: %s", PREFIX, _report.message)
-    except Exception as e:
-        _report = Report("?", "failed", f"{type(e).__name__}: {e}")
-        log.warning(
-            "%s: failed (%s: %s); vLLM goes on unpatched.",
-            PREFIX,
-            type(e).__name__,
-            e,
-        )
 
 
 def report() -> Report | None:
-    """What :func:`register` did in this process, or None if it has not run."""
+    """What the plugin did in this process, or None if it has not run."""
     return _report

@@ -3,72 +3,262 @@
 
 Vendor ROCm images carry versions such as ``0.27.2rc1.dev77+g...rocm723``, so
 the plugin never compares version strings. It runs the installed builder's own
-``build_for_cudagraph_capture`` once, on a tiny runner-shaped metadata of CPU
-tensors, and looks at what changed (:mod:`vllm_capture_guard.runtime.contract`).
+``build_for_cudagraph_capture`` on a tiny runner-shaped metadata and records
+which shared fields it wrote in place. It does so twice:
 
-The probe needs no ``VllmConfig``: it makes the builder with ``object.__new__``
-and sets only what the base ``AttentionMetadataBuilder.__init__`` sets. The ROCm
-builders' ``build(0, ...)`` reads nothing else; a vendor builder that does makes
-the probe raise, and the plugin then leaves that builder alone with a warning.
+``cpu``
+    every tensor is a plain CPU tensor and the builder's device is the CPU;
+``gpu``
+    the builder's device is ``cuda:0`` and every device-side field reports
+    ``cuda:0`` (``.device``, ``.is_cuda``), while its values live in a CPU
+    tensor underneath (:class:`GpuLike`). Factory calls that ask for a CUDA
+    device get the same kind of tensor. Nothing reaches CUDA/HIP: any attempt
+    to initialise it from this thread makes the probe inconclusive instead.
+
+A write is seen through the tensors' in-place version counters (and values),
+so a capture that writes only when its tensors are on the GPU is caught on a
+CPU-only host.
+
+The builder is made with ``object.__new__`` and gets only what the base
+``AttentionMetadataBuilder.__init__`` sets: no ``VllmConfig`` is needed. A
+capture that needs more (a vendor builder reading ``self.block_size``, an
+extra argument...) makes the probe *inconclusive*: :class:`Finding` says why,
+and the patches then fail closed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
 
-from vllm_capture_guard.runtime.contract import FieldWrite, snapshot
+from vllm_capture_guard.runtime.contract import CPU, field_side
 
 #: The probe batch: two uniform decode requests of one token each.
 PROBE_QUERY_LENS = (1, 1)
 PROBE_SEQ_LEN = 5
+CUDA = torch.device("cuda", 0)
+PATHS = ("cpu", "gpu")
 
 
-def probe_metadata(
-    query_lens: tuple[int, ...] = PROBE_QUERY_LENS, seq_len: int = PROBE_SEQ_LEN
-) -> Any:
-    """A ``CommonAttentionMetadata`` over fresh CPU tensors, built only from the
-    fields that the installed vLLM's dataclass declares."""
+class ProbeRefused(RuntimeError):
+    """The capture tried to initialise CUDA/HIP during the probe."""
+
+
+class GpuLike(torch.Tensor):
+    """A tensor that reports ``cuda:0`` and keeps its values on the CPU.
+
+    Every torch function runs on the CPU tensor underneath; results that are
+    tensors come back as :class:`GpuLike` again, except ``.cpu()``."""
+
+    inner: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor) -> GpuLike:
+        made = torch.Tensor._make_wrapper_subclass(
+            cls,
+            inner.shape,
+            dtype=inner.dtype,
+            device=CUDA,
+            strides=inner.stride(),
+            storage_offset=inner.storage_offset(),
+            requires_grad=False,
+        )
+        made.inner = inner
+        return made
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        fake = _REPORTS.get(func)
+        if fake is not None:
+            return fake
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs or {}))
+        if func is torch.Tensor.cpu or func is torch.Tensor.numpy:
+            return out
+        return tree_map(_wrap, out)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        raise ProbeRefused(f"{func} reached the dispatcher")
+
+    def __repr__(self) -> str:
+        return f"GpuLike({self.inner!r})"
+
+
+_REPORTS = {
+    torch.Tensor.device.__get__: CUDA,
+    torch.Tensor.is_cuda.__get__: True,
+    torch.Tensor.is_cpu.__get__: False,
+}
+
+
+def _unwrap(x: Any) -> Any:
+    return x.inner if isinstance(x, GpuLike) else x
+
+
+def _wrap(x: Any) -> Any:
+    return GpuLike(x) if type(x) is torch.Tensor else x
+
+
+def _asks_for_cuda(value: Any) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    if isinstance(value, str):
+        return value.split(":")[0] == "cuda"
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _CudaOnCpu(TorchFunctionMode):
+    """Factories and ``.to()`` that ask for CUDA get a :class:`GpuLike`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return _wrap(_unwrap(args[0]).clone())
+        if func is torch.Tensor.to:
+            target = kwargs.get("device", args[1] if len(args) > 1 else None)
+            if _asks_for_cuda(target) and not isinstance(target, int):
+                rest = [a for a in args[2:] if isinstance(a, torch.dtype)]
+                dtype = kwargs.get("dtype", rest[0] if rest else None)
+                src = _unwrap(args[0])
+                return _wrap(src.to(dtype) if dtype is not None else src.clone())
+            return func(*args, **kwargs)
+        device = kwargs.get("device")
+        if (
+            device is not None
+            and _asks_for_cuda(device)
+            and not isinstance(device, int)
+        ):
+            kwargs["device"] = "cpu"
+            return tree_map(_wrap, func(*args, **kwargs))
+        return func(*args, **kwargs)
+
+
+_probing = threading.local()
+
+
+@contextlib.contextmanager
+def _no_cuda_init() -> Iterator[None]:
+    """Make CUDA/HIP initialisation from *this* thread raise; others pass."""
+    import torch.cuda as tc
+
+    original = tc._lazy_init
+    me = threading.get_ident()
+
+    def lazy_init() -> None:
+        if getattr(_probing, "active", False) and threading.get_ident() == me:
+            raise ProbeRefused("the capture tried to initialise CUDA/HIP")
+        return original()
+
+    _probing.active = True
+    tc._lazy_init = lazy_init
+    try:
+        yield
+    finally:
+        _probing.active = False
+        if tc._lazy_init is lazy_init:
+            tc._lazy_init = original
+
+
+def probe_metadata(path: str = "cpu") -> Any:
+    """A ``CommonAttentionMetadata`` built only from the fields the installed
+    vLLM's dataclass declares; on the ``gpu`` path its device-side tensors
+    are :class:`GpuLike`."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
-    num_reqs = len(query_lens)
-    num_tokens = sum(query_lens)
+    lens = torch.tensor(PROBE_QUERY_LENS, dtype=torch.int32)
+    num_reqs, num_tokens = len(PROBE_QUERY_LENS), int(lens.sum())
     qsl = torch.zeros(num_reqs + 1, dtype=torch.int32)
-    qsl[1:] = torch.cumsum(torch.tensor(query_lens, dtype=torch.int32), 0)
+    qsl[1:] = torch.cumsum(lens, 0)
     values = dict(
         query_start_loc=qsl.clone(),
         query_start_loc_cpu=qsl.clone(),
-        seq_lens=torch.full((num_reqs,), seq_len, dtype=torch.int32),
+        seq_lens=torch.full((num_reqs,), PROBE_SEQ_LEN, dtype=torch.int32),
         num_reqs=num_reqs,
         num_actual_tokens=num_tokens,
-        max_query_len=max(query_lens),
-        max_seq_len=seq_len,
+        max_query_len=max(PROBE_QUERY_LENS),
+        max_seq_len=PROBE_SEQ_LEN,
         block_table_tensor=torch.zeros((num_reqs, 1), dtype=torch.int32),
         slot_mapping=torch.arange(num_tokens, dtype=torch.int64),
     )
+    if path == "gpu":
+        values = {
+            k: GpuLike(v) if isinstance(v, torch.Tensor) and field_side(k) != CPU else v
+            for k, v in values.items()
+        }
     declared = {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
     return CommonAttentionMetadata(**{k: v for k, v in values.items() if k in declared})
 
 
-def bare_builder(builder_cls: type) -> Any:
+def bare_builder(builder_cls: type, device: torch.device) -> Any:
     """A builder instance with only the base class's attributes set."""
     builder = object.__new__(builder_cls)
     builder.kv_cache_spec = None
     builder.layer_names = []
     builder.vllm_config = None
-    builder.device = torch.device("cpu")
+    builder.device = device
     return builder
 
 
-def capture_writes(builder_cls: type, capture: Any = None) -> list[FieldWrite]:
-    """The shared fields that ``builder_cls``'s capture writes in place.
+def _state(metadata: Any) -> dict[str, tuple[int, torch.Tensor]]:
+    held = {}
+    for f in dataclasses.fields(metadata):
+        value = getattr(metadata, f.name, None)
+        if isinstance(value, torch.Tensor):
+            inner = _unwrap(value)
+            held[f.name] = (inner, inner._version, inner.clone())
+    return held
 
-    ``capture`` defaults to the class's ``build_for_cudagraph_capture``; the
-    patches pass the original function they would wrap."""
+
+def _written(before: dict[str, tuple[Any, int, torch.Tensor]]) -> set[str]:
+    return {
+        name
+        for name, (obj, version, copy) in before.items()
+        if obj._version != version or not torch.equal(obj, copy)
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """What one capture did to the shared metadata, on both device paths.
+
+    ``written`` holds the fields it wrote in place on any path. ``complete`` is
+    True only if the capture ran to the end on every path; otherwise
+    ``reason`` says where it stopped, and ``written`` is what was seen before."""
+
+    written: frozenset[str]
+    complete: bool
+    reason: str = ""
+
+    def proves_untouched(self, *fields: str) -> bool:
+        return self.complete and not self.written.intersection(fields)
+
+
+def probe(builder_cls: type, capture: Any = None) -> Finding:
+    """Run ``capture`` (default: the class's own, through the MRO) as a
+    ``builder_cls`` on both device paths."""
     fn = capture if capture is not None else builder_cls.build_for_cudagraph_capture
-    metadata = probe_metadata()
-    before = snapshot(metadata)
-    fn(bare_builder(builder_cls), metadata)
-    return before.writes()
+    written: set[str] = set()
+    for path in PATHS:
+        metadata = probe_metadata(path)
+        before = _state(metadata)
+        device = CUDA if path == "gpu" else torch.device("cpu")
+        try:
+            if path == "gpu":
+                with _no_cuda_init(), _CudaOnCpu():
+                    fn(bare_builder(builder_cls, device), metadata)
+            else:
+                fn(bare_builder(builder_cls, device), metadata)
+        except Exception as e:
+            written |= _written(before)
+            why = f"{path} path: {type(e).__name__}: {str(e)[:160]}"
+            return Finding(frozenset(written), False, why)
+        written |= _written(before)
+    return Finding(frozenset(written), True)

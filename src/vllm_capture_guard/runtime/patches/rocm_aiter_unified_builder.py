@@ -19,30 +19,37 @@ Cause:
 
 Upstream:
     vllm-project/vllm PR #53821, released in 0.29.0: the backend gets its own
-    builder, which sets ``seq_lens`` to 1 for capture (as the ROCm builder
-    does) and leaves ``query_start_loc`` alone.
+    builder, ``RocmAiterUnifiedAttentionMetadataBuilder``, which sets
+    ``seq_lens`` to 1 for capture (as the ROCm builder does) and leaves
+    ``query_start_loc`` alone.
 
 Affected:
     0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them.
 
 Detected:
-    By behaviour: the builder class that the installed backend returns is
-    probed once (:mod:`vllm_capture_guard.runtime.probe`); the patch applies only if its
-    capture writes the device ``query_start_loc``.
+    By behaviour: the capture of the class the installed backend's
+    ``get_builder_cls()`` returns runs on the probe's CPU and GPU paths
+    (:mod:`vllm_capture_guard.runtime.probe`). The builder is left alone only
+    if both runs completed and wrote neither ``query_start_loc`` nor
+    ``query_start_loc_cpu``; otherwise the backend gets its own builder.
 
 How:
-    ``get_builder_cls()`` returns a subclass of the builder it returned before.
-    The subclass's capture runs the inherited one unchanged (so ``seq_lens`` is
-    still set to 1 and ``build()`` is the very same function) and then puts the
-    caller's ``query_start_loc`` and ``query_start_loc_cpu`` values back.
-    ROCM_ATTN keeps its own builder and its #25985 guard.
+    ``get_builder_cls()`` returns a subclass of the class it returned before,
+    named like upstream's. Its capture runs the inherited one (so ``seq_lens``
+    is still set to 1, ``build()`` is the very same function and is called as
+    ``self.build(0, common_attn_metadata)``) and then puts the caller's
+    ``query_start_loc`` and ``query_start_loc_cpu`` values back. ROCM_ATTN
+    keeps its own builder and its #25985 guard.
+
+    Code written for 0.29.0 finds the class where upstream put it: it is also
+    bound in the backend's module. It pickles by reference to this module;
+    a process that unpickles it and has loaded vLLM's plugins gets it back,
+    and one that has not gets an error that says so.
 
     Checked against 0.29.0 itself, not only read: the differential oracle
-    (:mod:`vllm_capture_guard.tools.oracle`) records every field of the shared
-    metadata before and after each builder's capture, and every field of the
-    metadata it returns, on patched 0.27.1/0.28.0 and on unpatched 0.29.0, and
-    requires them to be equal. The subclass bears upstream's class name and is
-    bound to it in this module, so it pickles by reference like vLLM's own.
+    records every field of the shared metadata before and after each
+    builder's capture, and every field of the metadata it returns, on patched
+    0.27.1/0.28.0 and on unpatched 0.29.0, and requires them to be equal.
 
 Delete when:
     The oldest vLLM this project supports is 0.29.0 or newer.
@@ -50,38 +57,31 @@ Delete when:
 
 from __future__ import annotations
 
-import importlib
+import sys
+from typing import Any
 
-from vllm_capture_guard.runtime.contract import preserved
 from vllm_capture_guard.runtime.patches import (
-    ALREADY,
     MARKER,
-    NEEDED,
-    NOT_NEEDED,
-    PATCHED,
-    UNAVAILABLE,
-    Outcome,
+    Patch,
+    Plan,
+    Status,
     is_guarded,
     original_of,
 )
 
-NAME = "rocm-aiter-unified-builder"
-PR = "#53821"
 MODULE = "vllm.v1.attention.backends.rocm_aiter_unified_attn"
 BACKEND = "RocmAiterUnifiedAttentionBackend"
 BUILDER = "RocmAiterUnifiedAttentionMetadataBuilder"
 FIELDS = ("query_start_loc", "query_start_loc_cpu")
+_ABSENT = object()
+#: What vLLM's module bound to BUILDER before we did (``_ABSENT``: nothing).
+_displaced: list[Any] = []
 
 
-def _backend() -> type:
-    return getattr(importlib.import_module(MODULE), BACKEND)
+def _own_builder(parent: type, pr: str) -> type:
+    """The backend's own builder: ``parent``'s capture, offsets left alone."""
+    from vllm_capture_guard.runtime.contract import preserved
 
-
-def _own_builder(parent: type) -> type:
-    """The backend's own builder: ``parent``'s capture, offsets left alone.
-
-    It runs vLLM's own capture of ``parent`` (past our CPU-offset wrapper, if
-    that is installed: this one keeps both offsets anyway)."""
     capture = original_of(parent.build_for_cudagraph_capture)
 
     def build_for_cudagraph_capture(self, common_attn_metadata, *args, **kwargs):
@@ -89,78 +89,123 @@ def _own_builder(parent: type) -> type:
             return capture(self, common_attn_metadata, *args, **kwargs)
 
     build_for_cudagraph_capture.__qualname__ = f"{BUILDER}.build_for_cudagraph_capture"
-    builder = type(
+    return type(
         BUILDER,
         (parent,),
         {
             "__module__": __name__,
             "__qualname__": BUILDER,
             "__doc__": f"{parent.__name__} whose capture keeps the query offsets "
-            f"(vllm-capture-guard backport of PR {PR}).",
+            f"(vllm-capture-guard backport of PR {pr}).",
             "build_for_cudagraph_capture": build_for_cudagraph_capture,
         },
     )
-    return builder
 
 
-def inspect() -> Outcome:
-    """Does the builder this backend returns zero ``query_start_loc``?"""
-    from vllm_capture_guard.runtime.probe import capture_writes
+class RocmAiterUnifiedBuilder(Patch):
+    name = "rocm-aiter-unified-builder"
+    pr = "#53821"
+    modules = (MODULE,)
+    backends = ("ROCM_AITER_UNIFIED_ATTN",)
+    targets = ((MODULE, BACKEND),)
 
-    try:
-        backend = _backend()
-    except Exception as e:  # 0.33 asks the GPU for its arch at import
-        return Outcome(NAME, UNAVAILABLE, f"cannot import {MODULE}: {e}")
-    current = backend.__dict__.get("get_builder_cls")
-    if current is not None and is_guarded(current.__func__):
-        return Outcome(NAME, ALREADY, f"{BACKEND}.get_builder_cls")
-    parent = backend.get_builder_cls()
-    written = {w.field for w in capture_writes(parent)}
-    if "query_start_loc" not in written:
-        return Outcome(
-            NAME,
-            NOT_NEEDED,
-            f"{BACKEND} builder {parent.__name__} leaves query_start_loc alone",
+    def backend(self) -> type:
+        return getattr(self.import_target(), BACKEND)
+
+    def plan(self) -> Plan:
+        from vllm_capture_guard.runtime.probe import probe
+
+        backend = self.backend()
+        current = backend.__dict__.get("get_builder_cls")
+        if current is not None and is_guarded(current):
+            return Plan(Status.ALREADY, f"{BACKEND}.get_builder_cls returns {BUILDER}")
+        parent = backend.get_builder_cls()
+        finding = probe(parent)
+        name = f"{BACKEND} builder {parent.__name__}"
+        if finding.proves_untouched(*FIELDS):
+            return Plan(Status.NOT_NEEDED, f"{name} leaves query_start_loc alone")
+        warning = None
+        if not finding.complete:
+            warning = (
+                f"could not prove that the capture of {name} leaves the query "
+                f"offsets alone ({finding.reason}), so {BACKEND} now gets its own "
+                f"{BUILDER} as in vLLM 0.29.0 (backport of PR {self.pr})"
+            )
+        written = ", ".join(sorted(finding.written.intersection(FIELDS)))
+        return Plan(Status.NEEDED, f"{name} writes {written or '?'}", warning, parent)
+
+    def fallback(self, error: Exception) -> Plan:
+        backend = getattr(sys.modules.get(MODULE), BACKEND, None)
+        parent = backend.get_builder_cls() if backend is not None else None
+        if not isinstance(parent, type):
+            raise error
+        return Plan(
+            Status.NEEDED,
+            f"could not check {parent.__name__}",
+            f"could not check {BACKEND}'s builder ({type(error).__name__}: "
+            f"{error}), so it now gets its own {BUILDER} as in vLLM 0.29.0",
+            parent,
         )
-    return Outcome(
-        NAME, NEEDED, f"{BACKEND} builder {parent.__name__} zeroes query_start_loc"
-    )
+
+    def install(self, plan: Plan) -> str:
+        backend = self.backend()
+        module = sys.modules[backend.__module__]
+        builder = _own_builder(plan.data, self.pr)
+
+        def get_builder_cls() -> type:
+            return builder
+
+        setattr(get_builder_cls, MARKER, backend.__dict__.get("get_builder_cls"))
+        globals()[BUILDER] = builder  # pickle finds it here, by name
+        _displaced.append(module.__dict__.get(BUILDER, _ABSENT))
+        setattr(module, BUILDER, builder)  # where code written for 0.29.0 looks
+        backend.get_builder_cls = staticmethod(get_builder_cls)
+        return (
+            f"{BACKEND}.get_builder_cls returns its own {BUILDER}, which keeps "
+            f"query_start_loc (backport of PR {self.pr})"
+        )
+
+    def uninstall(self) -> bool:
+        module = sys.modules.get(MODULE)
+        backend = getattr(module, BACKEND, None)
+        current = getattr(backend, "__dict__", {}).get("get_builder_cls")
+        if current is None or not is_guarded(current):
+            return False
+        own = getattr(current.__func__, MARKER)
+        if own is None:
+            delattr(backend, "get_builder_cls")
+        else:
+            backend.get_builder_cls = own
+        previous = _displaced.pop() if _displaced else _ABSENT
+        if previous is _ABSENT:
+            module.__dict__.pop(BUILDER, None)
+        else:
+            setattr(module, BUILDER, previous)
+        globals().pop(BUILDER, None)
+        return True
 
 
-def apply() -> Outcome:
-    found = inspect()
-    if found.status != NEEDED:
-        return found
-    backend = _backend()
-    current = backend.__dict__.get("get_builder_cls")
-    builder = _own_builder(backend.get_builder_cls())
+def __getattr__(name: str) -> Any:
+    """Unpickling the backport in a process that has not made it yet."""
+    if name != BUILDER:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from vllm_capture_guard.runtime import hooks, plugin
 
-    def get_builder_cls() -> type:
-        return builder
+    if plugin.report() is None:
+        raise AttributeError(
+            f"{BUILDER} is made by the vllm-capture-guard plugin when vLLM loads "
+            "its general plugins, and this process has not loaded them: call "
+            "vllm.plugins.load_general_plugins() before unpickling (and check "
+            "VLLM_PLUGINS and VLLM_CAPTURE_GUARD)"
+        )
+    import importlib
 
-    setattr(get_builder_cls, MARKER, current)
-    # Found by name, as vLLM's own class is: pickle and cloudpickle store a
-    # class as module + qualified name.
-    globals()[BUILDER] = builder
-    backend.get_builder_cls = staticmethod(get_builder_cls)
-    return Outcome(
-        NAME,
-        PATCHED,
-        f"{BACKEND}.get_builder_cls returns its own {BUILDER}, which keeps "
-        f"query_start_loc (backport of PR {PR})",
-    )
-
-
-def revert() -> bool:
-    """Undo :func:`apply` in this process."""
-    backend = _backend()
-    current = backend.__dict__.get("get_builder_cls")
-    if current is None or not is_guarded(current.__func__):
-        return False
-    original = original_of(current.__func__)
-    if original is None:  # the backend inherited it: drop ours
-        delattr(backend, "get_builder_cls")
-    else:
-        backend.get_builder_cls = original
-    globals().pop(BUILDER, None)
-    return True
+    importlib.import_module(MODULE)  # the plugin's hook makes the class now
+    found = globals().get(BUILDER)
+    if found is None:
+        raise AttributeError(
+            f"{BUILDER} was not made in this process: the plugin found that "
+            f"this vLLM does not need it ({plugin.report().message}); pending "
+            f"hooks: {hooks.pending()}"
+        )
+    return found

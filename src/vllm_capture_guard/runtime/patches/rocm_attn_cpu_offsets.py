@@ -2,8 +2,10 @@
 """ROCM_ATTN capture must not zero the CPU query offsets.
 
 What:
-    ``vllm.v1.attention.backends.rocm_attn.RocmAttentionMetadataBuilder
-    .build_for_cudagraph_capture``.
+    ``build_for_cudagraph_capture`` of
+    ``vllm.v1.attention.backends.rocm_attn.RocmAttentionMetadataBuilder`` and
+    of every class vLLM may instantiate in its place: its subclasses, and
+    whatever a backend's ``get_builder_cls()`` returns that derives from it.
 
 Symptom:
     ``vllm serve`` of a mixed-attention model (MiniMax-M3) with
@@ -28,19 +30,23 @@ Upstream:
 
 Affected:
     0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them. In those
-    releases ROCM_AITER_UNIFIED_ATTN uses this same builder class, so this
-    patch fixes startup for both backends.
+    releases ROCM_AITER_UNIFIED_ATTN uses this same builder class.
 
 Detected:
-    By behaviour (:mod:`vllm_capture_guard.runtime.probe`): the installed capture runs
-    once on a tiny CPU metadata; the patch applies only if it wrote
-    ``query_start_loc_cpu``.
+    By behaviour (:mod:`vllm_capture_guard.runtime.probe`), class by class: the
+    capture each class resolves through its MRO runs on a tiny metadata, on
+    the CPU path and on a path whose tensors report a GPU. A class is left
+    alone only if both runs completed and neither wrote
+    ``query_start_loc_cpu``; otherwise (a write, or a probe that could not
+    finish) it gets the wrapper.
 
 How:
-    The installed method still runs unchanged, the #25985 guard included; the
-    wrapper puts the values of the caller's ``query_start_loc_cpu`` back
-    afterwards. The device ``query_start_loc`` stays zeroed, as in 0.29.0.
-    ``build()``, the serving hot path, is not touched.
+    The class gets its own ``build_for_cudagraph_capture``: the method it
+    resolved before, run unchanged (the #25985 guard included), after which the
+    values of the caller's ``query_start_loc_cpu`` are put back. The device
+    ``query_start_loc`` stays zeroed, as in 0.29.0. ``build()``, the serving
+    hot path, is not touched. Classes that appear later (a vendor backend
+    module imported afterwards) are checked when vLLM imports their module.
 
 Delete when:
     The oldest vLLM this project supports is 0.29.0 or newer.
@@ -48,77 +54,191 @@ Delete when:
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any
 
-from vllm_capture_guard.runtime.contract import preserved, shares_memory
 from vllm_capture_guard.runtime.patches import (
-    ALREADY,
-    NEEDED,
-    NOT_NEEDED,
-    PATCHED,
-    UNAVAILABLE,
-    Outcome,
+    Patch,
+    Plan,
+    Status,
     is_guarded,
     unwrap_method,
     wrap_method,
 )
 
-NAME = "rocm-attn-cpu-offsets"
-PR = "#51585"
 MODULE = "vllm.v1.attention.backends.rocm_attn"
 CLASS = "RocmAttentionMetadataBuilder"
+BACKEND = "RocmAttentionBackend"
 METHOD = "build_for_cudagraph_capture"
 FIELD = "query_start_loc_cpu"
+REGISTRY = "vllm.v1.attention.backends.registry"
 
-
-def _target() -> type:
-    import importlib
-
-    return getattr(importlib.import_module(MODULE), CLASS)
+_inside = threading.local()
 
 
 def _keep_cpu_offsets(original: Any) -> Any:
+    from vllm_capture_guard.runtime.contract import preserved, shares_memory
+
     def build_for_cudagraph_capture(self, common_attn_metadata, *args, **kwargs):
         cm = common_attn_metadata
-        if shares_memory(cm.query_start_loc, cm.query_start_loc_cpu):
-            # One buffer serves as both: zeroing "the device copy" is zeroing
-            # this one too, in 0.29.0 as well. Nothing to keep apart.
+        if getattr(_inside, "active", False) or shares_memory(
+            cm.query_start_loc, cm.query_start_loc_cpu
+        ):
+            # Inside another class's wrapper (a subclass calling super()), or
+            # one buffer serving as both: nothing more to keep.
             return original(self, cm, *args, **kwargs)
-        with preserved(cm, FIELD):
-            return original(self, cm, *args, **kwargs)
+        _inside.active = True
+        try:
+            with preserved(cm, FIELD):
+                return original(self, cm, *args, **kwargs)
+        finally:
+            _inside.active = False
 
     return build_for_cudagraph_capture
 
 
-def inspect() -> Outcome:
-    """Does the installed builder's capture write ``query_start_loc_cpu``?"""
-    from vllm_capture_guard.runtime.probe import capture_writes
-
-    try:
-        cls = _target()
-    except ImportError as e:
-        return Outcome(NAME, UNAVAILABLE, f"cannot import {MODULE}: {e}")
-    current = cls.__dict__.get(METHOD)
-    if current is None:
-        return Outcome(NAME, NOT_NEEDED, f"{CLASS} has no {METHOD} of its own")
-    if is_guarded(current):
-        return Outcome(NAME, ALREADY, f"{CLASS}.{METHOD}")
-    written = {w.field for w in capture_writes(cls, current)}
-    if FIELD not in written:
-        return Outcome(NAME, NOT_NEEDED, f"{CLASS} capture leaves {FIELD} alone")
-    return Outcome(NAME, NEEDED, f"{CLASS} capture zeroes {FIELD}")
+def _subclasses(cls: type) -> list[type]:
+    seen, order, todo = {cls}, [cls], [cls]
+    while todo:
+        for sub in todo.pop(0).__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                order.append(sub)
+                todo.append(sub)
+    return order
 
 
-def apply() -> Outcome:
-    found = inspect()
-    if found.status != NEEDED:
-        return found
-    wrap_method(_target(), METHOD, _keep_cpu_offsets)
-    return Outcome(
-        NAME, PATCHED, f"{CLASS}.{METHOD} keeps {FIELD} (backport of PR {PR})"
+def registry_backends() -> list[type]:
+    """Backend classes of vLLM's registry whose module is already imported
+    (the registry is read only if vLLM imported it; nothing is imported)."""
+    registry = sys.modules.get(REGISTRY)
+    found: list[type] = []
+    for enum_name in ("AttentionBackendEnum",):
+        members = getattr(getattr(registry, enum_name, None), "__members__", {})
+        for member in members.values():
+            try:
+                path = member.get_path()
+            except Exception:
+                continue
+            module_name, _, cls_name = path.rpartition(".")
+            cls = getattr(sys.modules.get(module_name), cls_name, None)
+            if isinstance(cls, type):
+                found.append(cls)
+    return found
+
+
+def registry_modules() -> list[str]:
+    """Module names of the registry's backends that are not imported yet."""
+    registry = sys.modules.get(REGISTRY)
+    members = getattr(
+        getattr(registry, "AttentionBackendEnum", None), "__members__", {}
     )
+    names = set()
+    for member in members.values():
+        try:
+            names.add(member.get_path().rpartition(".")[0])
+        except Exception:
+            continue
+    return sorted(n for n in names if n and n not in sys.modules)
 
 
-def revert() -> bool:
-    """Undo :func:`apply` in this process (tests, ``VLLM_CAPTURE_GUARD=off``)."""
-    return unwrap_method(_target(), METHOD)
+class RocmAttnCpuOffsets(Patch):
+    name = "rocm-attn-cpu-offsets"
+    pr = "#51585"
+    modules = (MODULE,)
+    backends = ("ROCM_ATTN", "ROCM_AITER_UNIFIED_ATTN")
+    targets = ((MODULE, CLASS), (MODULE, BACKEND))
+
+    def family(self) -> list[type]:
+        """The ROCm builder and every class vLLM may instantiate in its place."""
+        module = self.import_target()
+        base = getattr(module, CLASS, None)
+        backend = getattr(module, BACKEND, None)
+        if base is None and backend is not None:
+            base = backend.get_builder_cls()
+        if not isinstance(base, type):
+            raise ImportError(f"{MODULE} has neither {CLASS} nor {BACKEND}")
+        family = _subclasses(base)
+        for candidate in [backend, *vars(module).values(), *registry_backends()]:
+            if not isinstance(candidate, type):
+                continue
+            get = getattr(candidate, "get_builder_cls", None)
+            if get is None:
+                continue
+            try:
+                returned = get()
+            except Exception:
+                continue
+            if isinstance(returned, type) and issubclass(returned, base):
+                family.extend(c for c in _subclasses(returned) if c not in family)
+        return family
+
+    def plan(self) -> Plan:
+        from vllm_capture_guard.runtime.probe import probe
+
+        wrap, unproven, clean, guarded = [], [], [], []
+        for cls in self.family():
+            if getattr(cls, METHOD, None) is None:
+                continue
+            if is_guarded(getattr(cls, METHOD)):
+                guarded.append(cls.__name__)
+                continue
+            finding = probe(cls)
+            if finding.proves_untouched(FIELD):
+                clean.append(cls.__name__)
+                continue
+            wrap.append(cls)
+            if not finding.complete:
+                unproven.append(f"{cls.__qualname__}: {finding.reason}")
+        if wrap:
+            names = ", ".join(c.__name__ for c in wrap)
+            warning = None
+            if unproven:
+                warning = (
+                    f"could not prove that the capture of {'; '.join(unproven)} "
+                    f"leaves {FIELD} alone, so it now keeps {FIELD} as vLLM "
+                    f"0.29.0 does (backport of PR {self.pr})"
+                )
+            return Plan(Status.NEEDED, f"{names} capture writes {FIELD}", warning, wrap)
+        if guarded:
+            return Plan(Status.ALREADY, f"{', '.join(guarded)} keep {FIELD}")
+        return Plan(
+            Status.NOT_NEEDED,
+            f"{', '.join(clean) or CLASS} capture leaves {FIELD} alone",
+        )
+
+    def fallback(self, error: Exception) -> Plan:
+        module = sys.modules.get(MODULE)
+        base = getattr(module, CLASS, None)
+        if not isinstance(base, type):
+            raise error
+        return Plan(
+            Status.NEEDED,
+            f"could not check {CLASS}",
+            f"could not check {CLASS} ({type(error).__name__}: {error}), so its "
+            f"capture now keeps {FIELD} as vLLM 0.29.0 does",
+            _subclasses(base),
+        )
+
+    def follow(self) -> list[str]:
+        return registry_modules()
+
+    def install(self, plan: Plan) -> str:
+        done = []
+        for cls in plan.data:  # base classes first: a subclass that only
+            if not is_guarded(getattr(cls, METHOD)):  # inherits needs nothing
+                wrap_method(cls, METHOD, _keep_cpu_offsets)
+                done.append(cls.__name__)
+        names = ", ".join(done)
+        return f"{names}.{METHOD} keeps {FIELD} (backport of PR {self.pr})"
+
+    def uninstall(self) -> bool:
+        module = sys.modules.get(MODULE)
+        base = getattr(module, CLASS, None)
+        if base is None:
+            return False
+        undone = False
+        for cls in reversed(_subclasses(base)):
+            undone |= unwrap_method(cls, METHOD)
+        return undone
