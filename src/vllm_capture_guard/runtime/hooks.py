@@ -18,6 +18,7 @@ import: an exception in a hook goes to the error handler given to
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import sys
 import threading
@@ -39,10 +40,8 @@ def _run(name: str, module: ModuleType, hooks: list[tuple[Hook, OnError]]) -> No
         except BaseException as e:  # never break vLLM's import
             if not isinstance(e, Exception):
                 raise
-            try:
+            with contextlib.suppress(Exception):
                 on_error(name, e)
-            except Exception:
-                pass
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -112,7 +112,7 @@ def _asks_for_cuda(value: Any) -> bool:
         return value.type == "cuda"
     if isinstance(value, str):
         return value.split(":")[0] == "cuda"
-    return isinstance(value, int) and not isinstance(value, bool)
+    return False
 
 
 class _CudaOnCpu(TorchFunctionMode):
@@ -124,7 +124,7 @@ class _CudaOnCpu(TorchFunctionMode):
             return _wrap(_unwrap(args[0]).clone())
         if func is torch.Tensor.to:
             target = kwargs.get("device", args[1] if len(args) > 1 else None)
-            if _asks_for_cuda(target) and not isinstance(target, int):
+            if _asks_for_cuda(target):
                 rest = [a for a in args[2:] if isinstance(a, torch.dtype)]
                 dtype = kwargs.get("dtype", rest[0] if rest else None)
                 src = _unwrap(args[0])
