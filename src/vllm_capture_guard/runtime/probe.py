@@ -15,8 +15,8 @@ which shared fields it wrote in place. It does so twice:
     device get the same kind of tensor. Nothing reaches CUDA/HIP: any attempt
     to initialise it from this thread makes the probe inconclusive instead.
 
-A write is seen through the tensors' in-place version counters (and values),
-so a capture that writes only when its tensors are on the GPU is caught on a
+A write is seen in the values of the tensors underneath, which every path
+keeps on the CPU, so a capture that writes only when its tensors are on the GPU is caught on a
 CPU-only host.
 
 The builder is made with ``object.__new__`` and gets only what the base
@@ -207,22 +207,21 @@ def bare_builder(builder_cls: type, device: torch.device) -> Any:
     return builder
 
 
-def _state(metadata: Any) -> dict[str, tuple[int, torch.Tensor]]:
+def _state(metadata: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     held = {}
     for f in dataclasses.fields(metadata):
         value = getattr(metadata, f.name, None)
         if isinstance(value, torch.Tensor):
             inner = _unwrap(value)
-            held[f.name] = (inner, inner._version, inner.clone())
+            held[f.name] = (inner, inner.clone())
     return held
 
 
-def _written(before: dict[str, tuple[Any, int, torch.Tensor]]) -> set[str]:
-    return {
-        name
-        for name, (obj, version, copy) in before.items()
-        if obj._version != version or not torch.equal(obj, copy)
-    }
+def _written(before: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> set[str]:
+    """Fields whose tensor holds other values now. Values, not version
+    counters: a capture that writes and then puts the values back (as our
+    own wrappers do) leaves nothing for a later builder to trip on."""
+    return {name for name, (obj, copy) in before.items() if not torch.equal(obj, copy)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,8 @@ import sys
 from typing import Any
 
 from vllm_capture_guard import __version__
-from vllm_capture_guard.runtime.plugin import ENV, PREFIX, read_mode
+from vllm_capture_guard.runtime.plugin import PREFIX
+from vllm_capture_guard.runtime.switch import ENV, loaded_by_vllm, read_mode
 
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 ENTRY_POINT_NAME = "capture_guard"
@@ -32,20 +33,12 @@ def _entry_point() -> Any:
     return None
 
 
-def _allowed_by_vllm_plugins() -> bool:
-    allow = os.environ.get("VLLM_PLUGINS")
-    if allow is None:
-        return True
-    return ENTRY_POINT_NAME in [p.strip() for p in allow.split(",")]
-
-
 def status() -> int:
-    from vllm_capture_guard.runtime.patches import ALREADY, NEEDED, PATCHED
-    from vllm_capture_guard.runtime.patches.registry import PATCHES
-    from vllm_capture_guard.runtime.plugin import _platform_name, vllm_version
+    from vllm_capture_guard.runtime.patches import PATCHES, Status
+    from vllm_capture_guard.runtime.plugin import platform_name, vllm_version
 
     mode, problem = read_mode()
-    is_rocm, platform = _platform_name()
+    is_rocm, platform = platform_name()
     print(f"{PREFIX} {__version__}")
     print(f"vLLM:        {vllm_version()}")
     print(f"platform:    {platform}{'' if is_rocm else ' (not ROCm)'}")
@@ -54,16 +47,16 @@ def status() -> int:
         try:
             found = patch.inspect()
         except Exception as e:
-            print(f"  {patch.NAME}: could not check ({type(e).__name__}: {e})")
+            print(f"  {patch.name}: could not check ({type(e).__name__}: {e})")
             continue
-        print(f"  {patch.NAME}: {found.status} ({found.detail})")
-        if found.status in (NEEDED, PATCHED, ALREADY):
-            needed.append(patch.NAME)
+        print(f"  {patch.name}: {found.status} ({found.detail})")
+        if found.status in (Status.NEEDED, Status.PATCHED, Status.ALREADY):
+            needed.append(patch.name)
     print(f"affected:    {'yes' if needed else 'no'}")
     reasons = []
     if _entry_point() is None:
         reasons.append(f"no '{ENTRY_POINT_NAME}' entry point in {ENTRY_POINT_GROUP}")
-    if not _allowed_by_vllm_plugins():
+    if not loaded_by_vllm():
         reasons.append(f"VLLM_PLUGINS does not list '{ENTRY_POINT_NAME}'")
     if problem:
         print(f"warning:     {problem}")
