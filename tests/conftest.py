@@ -83,9 +83,36 @@ def vllm_version() -> str:
 @pytest.fixture
 def unpatched():
     """Undo whatever the test patched in this process."""
-    from vllm_capture_guard.runtime.patches.registry import PATCHES
+    from vllm_capture_guard.runtime.patches import PATCHES
 
     yield
     for patch in reversed(PATCHES):
         with contextlib.suppress(Exception):
             patch.revert()
+
+
+@pytest.fixture(scope="session")
+def zeroes_cpu_offsets() -> bool:
+    """Does this vLLM's ROCm capture zero the shared CPU offsets? Decided by
+    running vLLM's capture in the runner's order, unguarded (this process
+    never loads the guard through vLLM), never by the guard's detection."""
+    from vllm_capture_guard.tools import scenarios as sc
+
+    batch = sc.Batch(4)
+    return sc.run_capture(sc.ROCM_ATTN, batch).query_start_loc_cpu_after != (
+        batch.offsets()
+    )
+
+
+@pytest.fixture(scope="session")
+def aiter_zeroes_offsets() -> bool:
+    """Does the builder vLLM's AITER unified backend returns zero the device
+    offsets its kernel reads at replay? Decided by running it, unguarded."""
+    from vllm_capture_guard.tools import scenarios as sc
+
+    batch = sc.Batch(4)
+    try:
+        run = sc.run_capture(sc.ROCM_AITER_UNIFIED_ATTN, batch)
+    except Exception as e:  # 0.33's AITER module asks the GPU at import
+        pytest.skip(f"AITER unified backend unavailable here: {e}")
+    return run.query_start_loc_after != batch.offsets()

@@ -250,10 +250,9 @@ def probe(builder_cls: type, capture: Any = None) -> Finding:
         before = _state(metadata)
         device = CUDA if path == "gpu" else torch.device("cpu")
         try:
-            if path == "gpu":
-                with _no_cuda_init(), _CudaOnCpu():
-                    fn(bare_builder(builder_cls, device), metadata)
-            else:
+            # On both paths: a capture that asks for CUDA gets a GpuLike, and
+            # one that would initialise CUDA/HIP stops the probe instead.
+            with _no_cuda_init(), _CudaOnCpu():
                 fn(bare_builder(builder_cls, device), metadata)
         except Exception as e:
             written |= _written(before)

@@ -59,8 +59,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_capture_guard.tools import scenarios as sc
 from vllm_capture_guard.runtime.contract import CPU, DEVICE, FieldWrite, snapshot
+from vllm_capture_guard.tools import scenarios as sc
 
 REGISTRY_MODULE = "vllm.v1.attention.backends.registry"
 

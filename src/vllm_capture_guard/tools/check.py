@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_capture_guard.tools import scenarios as sc
 from vllm_capture_guard.runtime.plugin import report, vllm_version
+from vllm_capture_guard.tools import scenarios as sc
 
 
 def run_record(run: sc.CaptureRun) -> dict[str, Any]:

@@ -185,6 +185,13 @@ class RocmAiterUnifiedBuilder(Patch):
         return True
 
 
+class BackportUnavailable(ImportError):
+    """The backport class was asked for in a process that did not make it.
+
+    An ``ImportError``, not an ``AttributeError``: pickle replaces the latter
+    by its own "Can't get attribute" message, and the cause would be lost."""
+
+
 def __getattr__(name: str) -> Any:
     """Unpickling the backport in a process that has not made it yet."""
     if name != BUILDER:
@@ -192,7 +199,7 @@ def __getattr__(name: str) -> Any:
     from vllm_capture_guard.runtime import hooks, plugin
 
     if plugin.report() is None:
-        raise AttributeError(
+        raise BackportUnavailable(
             f"{BUILDER} is made by the vllm-capture-guard plugin when vLLM loads "
             "its general plugins, and this process has not loaded them: call "
             "vllm.plugins.load_general_plugins() before unpickling (and check "
@@ -203,7 +210,7 @@ def __getattr__(name: str) -> Any:
     importlib.import_module(MODULE)  # the plugin's hook makes the class now
     found = globals().get(BUILDER)
     if found is None:
-        raise AttributeError(
+        raise BackportUnavailable(
             f"{BUILDER} was not made in this process: the plugin found that "
             f"this vLLM does not need it ({plugin.report().message}); pending "
             f"hooks: {hooks.pending()}"

@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ROCM_AITER_UNIFIED_ATTN gets its own builder (PR #53821): capture keeps the
+query offsets, which the AITER unified kernel reads at replay, and still sets
+seq_lens to 1. From outside it looks like 0.29.0: the class is where upstream
+put it, behaves as upstream's own tests expect, and pickles across a spawn."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from tests.conftest import run_snippet
+from vllm_capture_guard.runtime.patches import Status, by_name
+from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as mod
+from vllm_capture_guard.tools import scenarios as sc
+
+PATCH = by_name("rocm-aiter-unified-builder")
+CPU_PATCH = by_name("rocm-attn-cpu-offsets")
+
+
+@pytest.fixture
+def affected(unpatched, aiter_zeroes_offsets) -> None:
+    if not aiter_zeroes_offsets:
+        pytest.skip("this vLLM's AITER unified builder leaves the offsets alone")
+
+
+@pytest.mark.parametrize("batch", sc.DEFAULT_BATCHES, ids=sc.Batch.label)
+def test_aiter_capture_keeps_offsets_and_sets_seq_lens(affected, batch):
+    assert CPU_PATCH.apply().status is Status.PATCHED
+    assert PATCH.apply().status is Status.PATCHED
+    run = sc.run_capture(sc.ROCM_AITER_UNIFIED_ATTN, batch)
+    assert run.failed is None, run.failed
+    attention = run.groups[0]
+    assert attention.builder == mod.BUILDER
+    assert run.query_start_loc_after == batch.offsets()
+    assert run.query_start_loc_cpu_after == batch.offsets()
+    written = {w.field: w for w in attention.writes}
+    assert set(written) == {"seq_lens"}
+    assert written["seq_lens"].after == [1] * batch.total_reqs
+
+
+def test_aiter_builder_shares_rocm_build(affected):
+    """The serving hot path is vLLM's own build(), not a copy."""
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
+
+    build = RocmAttentionMetadataBuilder.build
+    PATCH.apply()
+    cls = sc.backend_class(sc.ROCM_AITER_UNIFIED_ATTN).get_builder_cls()
+    assert issubclass(cls, RocmAttentionMetadataBuilder)
+    assert cls.build is build
+    assert PATCH.apply().status is Status.ALREADY
+    assert sc.backend_class(sc.ROCM_AITER_UNIFIED_ATTN).get_builder_cls() is cls
+
+
+def test_revert_restores_vllm_builder_and_module(affected):
+    import vllm.v1.attention.backends.rocm_aiter_unified_attn as aiter
+
+    backend = aiter.RocmAiterUnifiedAttentionBackend
+    before = backend.get_builder_cls()
+    names = set(vars(aiter))
+    PATCH.apply()
+    assert backend.get_builder_cls() is not before
+    assert aiter.RocmAiterUnifiedAttentionMetadataBuilder is backend.get_builder_cls()
+    assert PATCH.revert()
+    assert backend.get_builder_cls() is before
+    assert set(vars(aiter)) == names
+    assert mod.BUILDER not in vars(mod)
+
+
+def test_own_builder_pickles_by_name(affected):
+    PATCH.apply()
+    cls = sc.backend_class(sc.ROCM_AITER_UNIFIED_ATTN).get_builder_cls()
+    assert cls.__name__ == cls.__qualname__ == mod.BUILDER
+    assert pickle.loads(pickle.dumps(cls)) is cls
+
+
+#: What vLLM 0.29.0's own tests of PR #53821 ask (tests/v1/attention/), in our
+#: words: the dedicated builder is importable from the backend's module and is
+#: what the backend returns; ROCM_ATTN keeps its builder; a bare builder's
+#: capture calls build(0, common) once, sets seq_lens to 1 and returns the
+#: metadata whose query_start_loc is the caller's tensor, values unchanged.
+AS_UPSTREAM_TESTS = """
+import json
+from unittest.mock import MagicMock
+import torch, vllm.plugins
+vllm.plugins.load_general_plugins()
+from vllm.v1.attention.backends.rocm_aiter_unified_attn import (
+    RocmAiterUnifiedAttentionBackend, RocmAiterUnifiedAttentionMetadataBuilder)
+from vllm.v1.attention.backends.rocm_attn import (
+    RocmAttentionBackend, RocmAttentionMetadataBuilder)
+out = {
+    "rocm_keeps_its_builder":
+        RocmAttentionBackend.get_builder_cls() is RocmAttentionMetadataBuilder,
+    "aiter_returns_dedicated": RocmAiterUnifiedAttentionBackend.get_builder_cls()
+        is RocmAiterUnifiedAttentionMetadataBuilder,
+}
+builder = object.__new__(RocmAiterUnifiedAttentionMetadataBuilder)
+metadata = MagicMock()
+metadata.seq_lens = torch.tensor([4096, 8192], dtype=torch.int32)
+builder.build = MagicMock(return_value=metadata)
+common = MagicMock()
+offsets = torch.tensor([0, 3, 7], dtype=torch.int32)
+common.query_start_loc = offsets.clone()
+metadata.query_start_loc = common.query_start_loc
+got = builder.build_for_cudagraph_capture(common)
+builder.build.assert_called_once_with(0, common)
+out.update(
+    returns_metadata=got is metadata,
+    seq_lens_one=got.seq_lens.tolist() == [1, 1],
+    same_offsets_tensor=got.query_start_loc is common.query_start_loc,
+    offsets_unchanged=got.query_start_loc.tolist() == offsets.tolist(),
+)
+print(json.dumps(out))
+"""
+
+
+def test_patched_release_passes_what_upstreams_tests_ask(aiter_zeroes_offsets):
+    out, logs = run_snippet(AS_UPSTREAM_TESTS, VLLM_CAPTURE_GUARD="on")
+    assert out == dict.fromkeys(out, True), out
+    assert len(out) == 6
+
+
+#: A parent pickles the backport class and a spawned child unpickles it.
+SPAWN = """
+import json, multiprocessing as mp, pickle, sys
+
+def child(blob, load, queue):
+    try:
+        if load:
+            import vllm.plugins
+            vllm.plugins.load_general_plugins()
+        cls = pickle.loads(blob)
+        queue.put(["ok", cls.__name__, hasattr(cls, "build")])
+    except Exception as e:
+        queue.put(["error", type(e).__name__, str(e)])
+
+if __name__ == "__main__":
+    import vllm.plugins
+    vllm.plugins.load_general_plugins()
+    from vllm.v1.attention.backends.rocm_aiter_unified_attn import (
+        RocmAiterUnifiedAttentionBackend)
+    blob = pickle.dumps(RocmAiterUnifiedAttentionBackend.get_builder_cls())
+    ctx = mp.get_context("spawn")
+    out = {}
+    for load in (True, False):
+        queue = ctx.Queue()
+        p = ctx.Process(target=child, args=(blob, load, queue))
+        p.start()
+        out[str(load)] = queue.get(timeout=300)
+        p.join()
+    print(json.dumps(out))
+"""
+
+
+def test_backport_survives_a_spawn_boundary(tmp_path, aiter_zeroes_offsets):
+    if not aiter_zeroes_offsets:
+        pytest.skip("no backport class on this vLLM")
+    script = tmp_path / "spawn_pickle.py"
+    script.write_text(SPAWN)
+    from tests.conftest import run_fresh
+
+    proc = run_fresh([str(script)], VLLM_CAPTURE_GUARD="on")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["True"][:2] == ["ok", mod.BUILDER], out
+    kind, error, message = out["False"]
+    assert (kind, error) == ("error", "BackportUnavailable"), out
+    assert "load_general_plugins" in message and "vllm-capture-guard" in message

@@ -1,0 +1,177 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The plugin entry point: modes, hooks instead of imports, one log line per
+patch, idempotency and threads, and our own failure handling (where fakes
+stand in for a broken vLLM)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from tests.conftest import guard_lines, run_snippet
+from vllm_capture_guard.runtime import hooks, plugin, switch
+from vllm_capture_guard.runtime import patches as patches_pkg
+from vllm_capture_guard.runtime.patches import by_name, original_of
+
+LOAD_TWICE = """
+import json, sys
+import vllm.plugins
+from vllm_capture_guard.runtime import plugin
+vllm.plugins.load_general_plugins()
+vllm.plugins.load_general_plugins()
+plugin.register()  # a second call in the same process adds nothing
+r = plugin.report()
+print(json.dumps({
+    "action": r.action, "mode": r.mode, "message": r.message,
+    "rocm_modules": sorted(
+        m for m in sys.modules
+        if m.startswith(("vllm.", "vllm_capture_guard.runtime.patches.")) and "rocm" in m
+    ),
+}))
+"""
+
+
+def test_auto_on_cpu_skips_and_imports_no_rocm_module():
+    out, logs = run_snippet(LOAD_TWICE, VLLM_CAPTURE_GUARD=None)
+    assert out["mode"] == "auto"
+    assert out["action"] == "skipped"
+    assert "not ROCm" in out["message"]
+    assert out["rocm_modules"] == []
+    lines = guard_lines(logs)
+    assert len(lines) == 1 and "INFO" in lines[0], lines
+
+
+def test_off_does_nothing():
+    code = LOAD_TWICE.replace(
+        '"rocm_modules"',
+        '"patched": hasattr(__import__("vllm.v1.attention.backends.rocm_attn", '
+        'fromlist=["x"]).RocmAttentionMetadataBuilder.build_for_cudagraph_capture, '
+        '"__vllm_capture_guard_original__"), "rocm_modules"',
+    )
+    out, logs = run_snippet(code, VLLM_CAPTURE_GUARD="off")
+    assert out["action"] == "disabled"
+    assert out["patched"] is False
+    assert len(guard_lines(logs)) == 1
+
+
+IMPORT_BACKENDS = """
+import json, sys
+import vllm.plugins
+from vllm_capture_guard.runtime import plugin
+vllm.plugins.load_general_plugins()
+armed = plugin.report().action
+rocm_after_load = sorted(m for m in sys.modules if m.startswith("vllm.v1.attention"))
+import vllm.v1.attention.backends.rocm_attn
+import vllm.v1.attention.backends.rocm_aiter_unified_attn
+vllm.plugins.load_general_plugins()
+r = plugin.report()
+print(json.dumps({"armed": armed, "action": r.action, "message": r.message,
+                  "attention_after_load": rocm_after_load}))
+"""
+
+
+def test_on_imports_no_attention_module_and_patches_on_import(
+    vllm_version, zeroes_cpu_offsets
+):
+    out, logs = run_snippet(IMPORT_BACKENDS, VLLM_CAPTURE_GUARD="on")
+    assert out["armed"] == "armed"
+    assert not [m for m in out["attention_after_load"] if "rocm" in m]
+    assert out["action"] == ("patched" if zeroes_cpu_offsets else "not needed")
+    assert vllm_version in out["message"]
+    lines = guard_lines(logs)
+    # one line per patch, when vLLM imported its backend; none at load
+    assert len(lines) == len(patches_pkg.PATCHES), lines
+    assert all("INFO" in line for line in lines), lines
+
+
+def test_invalid_value_warns_with_allowed_values():
+    out, logs = run_snippet(LOAD_TWICE, VLLM_CAPTURE_GUARD="yes please")
+    assert out["mode"] == "auto"
+    (warning, info) = guard_lines(logs)
+    assert "WARNING" in warning
+    for allowed in ("auto", "on", "off"):
+        assert allowed in warning
+
+
+@pytest.fixture
+def fresh_plugin(monkeypatch, caplog):
+    """register() as in a new process, logging to a test logger."""
+    monkeypatch.setattr(plugin, "_report", None)
+    monkeypatch.setenv(switch.ENV, "on")
+    monkeypatch.setattr(plugin, "_logger", lambda: logging.getLogger("cg-test"))
+    caplog.set_level(logging.INFO, logger="cg-test")
+    yield caplog
+    hooks.clear()
+
+
+def test_four_threads_register_one_layer(fresh_plugin, unpatched, zeroes_cpu_offsets):
+    if not zeroes_cpu_offsets:
+        pytest.skip("this vLLM's ROCm capture leaves the CPU offsets alone")
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
+
+    cls = RocmAttentionMetadataBuilder
+    capture = cls.__dict__["build_for_cudagraph_capture"]
+    barrier = threading.Barrier(4)
+
+    def run():
+        barrier.wait()
+        plugin.register()
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wrapper = cls.__dict__["build_for_cudagraph_capture"]
+    assert wrapper.__vllm_capture_guard_original__ is capture
+    assert original_of(wrapper) is capture
+    infos = [r for r in fresh_plugin.records if "rocm-attn-cpu-offsets" in r.message]
+    assert len(infos) == 1
+    assert by_name("rocm-attn-cpu-offsets").revert()
+    assert cls.__dict__["build_for_cudagraph_capture"] is capture
+
+
+# --- our own failure handling: fakes allowed here ---------------------------
+
+
+class _Boom(patches_pkg.Patch):
+    name = "boom"
+    pr = "#0"
+    modules = ("vllm.v1.attention.backends.rocm_attn",)
+    backends = ()
+    targets = ()
+
+    def apply(self):
+        raise AttributeError("module has no attribute 'RocmAttentionMetadataBuilder'")
+
+
+def test_failing_patch_becomes_one_warning_and_says_failed(
+    monkeypatch, fresh_plugin, unpatched
+):
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
+
+    capture = RocmAttentionMetadataBuilder.build_for_cudagraph_capture
+    monkeypatch.setattr(patches_pkg, "PATCHES", (_Boom(),))
+    plugin.register()  # must not raise; the module is imported: hook runs now
+    report = plugin.report()
+    assert report.action == "failed"
+    assert "boom" in report.message
+    warnings = [r for r in fresh_plugin.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "boom: failed (AttributeError" in warnings[0].getMessage()
+    assert RocmAttentionMetadataBuilder.build_for_cudagraph_capture is capture
+
+
+def test_unexpected_error_never_reaches_vllm(monkeypatch, fresh_plugin):
+    def explode(mode, log):
+        raise RuntimeError("platform detection exploded")
+
+    monkeypatch.setattr(plugin, "_arm", explode)
+    plugin.register()
+    report = plugin.report()
+    assert report.action == "failed"
+    (warning,) = [r for r in fresh_plugin.records if r.levelno == logging.WARNING]
+    assert "platform detection exploded" in warning.getMessage()
+    assert "unpatched" in warning.getMessage()
