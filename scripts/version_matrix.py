@@ -65,9 +65,10 @@ def _seed_summary(result: dict) -> dict:
 def facts() -> dict:
     """What the guard finds and does on the vLLM of this interpreter."""
     os.environ["VLLM_CAPTURE_GUARD"] = "on"
+    from vllm_capture_guard.runtime.patches.registry import PATCHES
+
     from vllm_capture_guard.runtime import plugin
     from vllm_capture_guard.tools.check import run_seed
-    from vllm_capture_guard.runtime.patches.registry import PATCHES
 
     unguarded = _seed_summary(run_seed())
     needed = {}

@@ -14,14 +14,14 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import guard_lines, run_snippet
-from vllm_capture_guard.tools import scenarios as sc
-from vllm_capture_guard.tools.identity import AITER_BUILDER, TARGETS
 from vllm_capture_guard.runtime.patches import (
     NOT_NEEDED,
     UNAVAILABLE,
     rocm_aiter_unified_builder,
     rocm_attn_cpu_offsets,
 )
+from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.tools.identity import AITER_BUILDER, TARGETS
 
 # Runs in a fresh interpreter; SHIM is replaced by a line or by nothing.
 SNIPPET = """

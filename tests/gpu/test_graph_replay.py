@@ -129,8 +129,12 @@ def guard_removed():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unguarded_capture_hits_indexer_assertion(backend, guard, gpu_results):
+    from vllm_capture_guard.runtime.patches import (
+        NEEDED,
+        PATCHED,
+        rocm_attn_cpu_offsets,
+    )
     from vllm_capture_guard.tools import scenarios as sc
-    from vllm_capture_guard.runtime.patches import NEEDED, PATCHED, rocm_attn_cpu_offsets
 
     if not any(o.status == PATCHED for o in guard.outcomes):
         pytest.skip(f"the guard found nothing to patch here: {guard.message}")

@@ -27,7 +27,8 @@ print(json.dumps({
     "action": r.action, "mode": r.mode, "message": r.message,
     "rocm_modules": sorted(
         m for m in sys.modules
-        if m.startswith(("vllm.", "vllm_capture_guard.runtime.patches.")) and "rocm" in m
+        if m.startswith(("vllm.", "vllm_capture_guard.runtime.patches."))
+        and "rocm" in m
     ),
 }))
 """

@@ -16,8 +16,8 @@ which shared fields it wrote in place. It does so twice:
     to initialise it from this thread makes the probe inconclusive instead.
 
 A write is seen in the values of the tensors underneath, which every path
-keeps on the CPU, so a capture that writes only when its tensors are on the GPU is caught on a
-CPU-only host.
+keeps on the CPU, so a capture that writes only when its tensors are on the
+GPU is caught on a CPU-only host.
 
 The builder is made with ``object.__new__`` and gets only what the base
 ``AttentionMetadataBuilder.__init__`` sets: no ``VllmConfig`` is needed. A
