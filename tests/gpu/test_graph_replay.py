@@ -62,7 +62,7 @@ ASSERTION = "assert decode_query_len > 0"
 
 
 def _patches():
-    from vllm_capture_guard.runtime.patches.registry import PATCHES
+    from vllm_capture_guard.runtime.patches import PATCHES
 
     return PATCHES
 
@@ -81,6 +81,10 @@ def guard(gpu_results):
     load_general_plugins()
     found = report()
     assert found is not None, "vLLM's plugin loader did not run capture_guard"
+    assert found.action == "armed", found.message  # nothing imported yet
+    import vllm.v1.attention.backends.rocm_aiter_unified_attn  # noqa: F401
+    import vllm.v1.attention.backends.rocm_attn  # noqa: F401 (hooks run now)
+
     assert found.action in ("patched", "not needed"), found.message
     from vllm.platforms import current_platform
 
@@ -129,19 +133,15 @@ def guard_removed():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unguarded_capture_hits_indexer_assertion(backend, guard, gpu_results):
-    from vllm_capture_guard.runtime.patches import (
-        NEEDED,
-        PATCHED,
-        rocm_attn_cpu_offsets,
-    )
+    from vllm_capture_guard.runtime.patches import Status, by_name
     from vllm_capture_guard.tools import scenarios as sc
 
-    if not any(o.status == PATCHED for o in guard.outcomes):
+    if not any(o.status is Status.PATCHED for o in guard.outcomes.values()):
         pytest.skip(f"the guard found nothing to patch here: {guard.message}")
     with guard_removed():
         # vLLM's own capture is back: a removal that silently failed must
         # fail here, not skip or pass
-        assert rocm_attn_cpu_offsets.inspect().status == NEEDED
+        assert by_name("rocm-attn-cpu-offsets").inspect().status is Status.NEEDED
         run = sc.run_capture(backend, sc.Batch(4), device=DEVICE)
     failed = run.failed
     gpu_results["unguarded"].append(
