@@ -176,3 +176,20 @@ def test_unexpected_error_never_reaches_vllm(monkeypatch, fresh_plugin):
     (warning,) = [r for r in fresh_plugin.records if r.levelno == logging.WARNING]
     assert "platform detection exploded" in warning.getMessage()
     assert "unpatched" in warning.getMessage()
+
+
+def test_revert_stops_pending_hooks(fresh_plugin, unpatched, zeroes_cpu_offsets):
+    if not zeroes_cpu_offsets:
+        pytest.skip("this vLLM's ROCm capture leaves the CPU offsets alone")
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
+
+    capture = RocmAttentionMetadataBuilder.__dict__["build_for_cudagraph_capture"]
+    patch = by_name("rocm-attn-cpu-offsets")
+    plugin.register()
+    assert patch.revert()
+    # a later backend import runs the follow-up hooks: the patch stays out
+    log = logging.getLogger("cg-test")
+    hooks._run("x", None, [(plugin._on_import(patch, log), lambda n, e: None)])
+    assert RocmAttentionMetadataBuilder.__dict__["build_for_cudagraph_capture"] is (
+        capture
+    )

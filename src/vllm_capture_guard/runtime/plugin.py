@@ -97,6 +97,8 @@ def _on_import(patch, log: logging.Logger, first: bool = True):  # noqa: ANN001
 
     def hook(_module) -> None:  # noqa: ANN001
         with _lock:
+            if patch.reverted:  # undone on purpose in this process
+                return
             try:
                 outcome = patch.apply()
             except Exception as e:

@@ -163,9 +163,13 @@ class Patch:
                 return Outcome(self.name, Status.UNAVAILABLE, f"cannot import: {e}")
             return Outcome(self.name, plan.status, plan.detail, plan.warning)
 
+    #: Set by :meth:`revert`: the plugin's hooks then leave this patch out.
+    reverted: bool = False
+
     def apply(self) -> Outcome:
         """Inspect, then install what is needed. Idempotent."""
         with LOCK:
+            self.reverted = False
             if self.name in switch.disabled_patches():
                 return Outcome(
                     self.name,
@@ -184,8 +188,10 @@ class Patch:
             return Outcome(self.name, Status.PATCHED, detail, plan.warning)
 
     def revert(self) -> bool:
-        """Undo :meth:`apply` in this process (tests, tools)."""
+        """Undo :meth:`apply` in this process (tests, tools); hooks still
+        pending in this process no longer apply it."""
         with LOCK:
+            self.reverted = True
             return self.uninstall()
 
 
