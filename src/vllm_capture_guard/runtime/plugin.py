@@ -158,6 +158,7 @@ def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
     global _report
     _report = Report(mode.value, "armed", "waiting for vLLM to import a backend")
     for patch in PATCHES:
+        patch.reverted = False  # armed now: a revert() from before does not count
         hooks.when_imported(patch.modules[0], _on_import(patch, log), _failed(log))
     return _report
 
