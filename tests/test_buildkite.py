@@ -302,6 +302,17 @@ def test_grade_blocking_and_not_optional(pipeline):
         assert not gated(step, [], nightly=True), step["label"]
 
 
+def test_commands_survive_the_templates_double_quotes(pipeline):
+    """The template puts the joined commands inside one double-quoted argument
+    of run-amd-test.sh, which the agent's shell expands: a ``"`` would end it
+    and a single ``$`` would be expanded on the agent (vLLM writes ``$$``)."""
+    _, steps = pipeline
+    for step in steps:
+        for command in step["commands"]:
+            assert '"' not in command and "`" not in command, command
+            assert "$" not in command.replace("$$", ""), command
+
+
 def test_no_step_is_ever_gated_on_a_run_all_build(pipeline):
     _, steps = pipeline
     assert not any(gated(s, ["README.md"], run_all=True) for s in steps)
