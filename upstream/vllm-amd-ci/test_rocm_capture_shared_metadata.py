@@ -165,7 +165,9 @@ def _shared_metadata(num_reqs: int, padded_reqs: int, seq_len: int = 64):
     seq_cpu[:padded_reqs] = seq_lens
     computed_cpu = seq_cpu - (qsl_cpu[1:] - qsl_cpu[:-1])
     block_table = torch.zeros((MAX_REQS, 4), dtype=i32, device=device)
-    block_table[:padded_reqs, 0] = torch.arange(1, padded_reqs + 1, dtype=i32)
+    block_table[:padded_reqs, 0] = torch.arange(
+        1, padded_reqs + 1, dtype=i32, device=device
+    )
     slots = torch.full((padded_reqs,), -1, dtype=torch.int64, device=device)
     slots[:num_reqs] = torch.arange(num_reqs, device=device)
     values = dict(
