@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: env envs check status test lint bench oracle matrix clean audit bench-audit
+.PHONY: env envs check status test lint bench oracle matrix clean audit bench-audit wheel
 
 env: $(VENV)/.ready
 
@@ -20,6 +20,12 @@ check: env
 
 status: env
 	$(VENV)/bin/vllm-capture-guard status
+
+# The installable artifacts: dist/vllm_capture_guard-<version>-py3-none-any.whl
+# and the sdist. No dependencies: install the wheel into the vLLM environment,
+# e.g. `pip install --no-index --find-links dist vllm-capture-guard`.
+wheel: env
+	$(PY) -m build --no-isolation --outdir dist .
 
 lint: env
 	$(PY) -m ruff check .
@@ -63,4 +69,4 @@ bench-audit: env
 	$(PY) benchmarks/bench_audit.py
 
 clean:
-	rm -rf $(VENV) .envs
+	rm -rf $(VENV) .envs dist build

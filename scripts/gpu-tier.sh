@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The GPU tier (tests/gpu/) on a lent GPU machine that reaches no package
+# The GPU tier (tests/gpu/) on a CUDA GPU host that may reach no package
 # registry. Two halves:
 #
 #   scripts/gpu-tier.sh prepare [DEST]    here, with a package registry: builds
@@ -12,13 +12,12 @@
 #                             (vllm.general_plugins: capture_guard) and the
 #                             test-only platform plugin tests/gpu/generic_platform.py
 #         repo/               a snapshot of src/, tests/, scripts/, pyproject.toml
-#   bash .gpu/repo/scripts/gpu-tier.sh run    there, from the repo root, with
-#       .gpu carried: installs DEST into /tmp, runs pytest tests/gpu in one
-#       process, and writes $OUT/gpu-results.json, gpu-results.md, gpu-tier.log.
-#
-# With the device tool: run(command="bash .gpu/repo/scripts/gpu-tier.sh run",
-# carry=[".gpu"], timeout_s=480). Then, here:
-#   scripts/render-gpu-results.py <files_at>/gpu-results.json > docs/gpu-results.md
+#   bash .gpu/repo/scripts/gpu-tier.sh run    on the GPU host (Python 3.12, a
+#       CUDA build of torch), from a copy of the checkout with .gpu/: installs
+#       DEST into /tmp, runs pytest tests/gpu in one process, and writes
+#       $OUT (default .gpu/out)/gpu-results.json, gpu-results.md, gpu-tier.log.
+# Then:
+#   scripts/render-gpu-results.py .gpu/out/gpu-results.json > docs/gpu-results.md
 #
 # VLLM_VERSION (default 0.28.0) picks the release; VLLM_WHEEL_DIR (default
 # /tmp/wheels) is searched for its wheel before PyPI.
@@ -112,8 +111,8 @@ def dist_info(name, version, groups):
     (d / "entry_points.txt").write_text("\n".join(lines))
 
 dist_info(project["name"], project["version"], project["entry-points"])
-# Test-only: makes every vLLM process use vLLM's generic platform on the lent
-# NVIDIA machine (see tests/gpu/generic_platform.py). Never in pyproject.toml.
+# Test-only: makes every vLLM process use vLLM's generic platform on the
+# NVIDIA GPU host (see tests/gpu/generic_platform.py). Never in pyproject.toml.
 dist_info(
     "vllm-capture-guard-gpu-tier-platform",
     "0",
@@ -127,7 +126,7 @@ PY
   echo "prepared $dest (${size} MiB): $(ls "$dest/wheels" | wc -l) wheels," \
     "$(basename "$bundle"), meta: $(ls "$dest/meta" | tr '\n' ' ')"
   if ((size > 60)); then
-    echo "error: $dest is over 60 MiB; the device tool carries 64 MiB in all" >&2
+    echo "error: $dest is over 60 MiB; keep it small enough to copy to the GPU host" >&2
     exit 1
   fi
 }

@@ -2,10 +2,11 @@
 """``vllm-capture-guard``: is this vLLM affected, is the guard active, and does
 capture now get past the metadata builders?
 
-Exit codes: ``status`` 0; ``check`` 0 if every capture sequence passes, 1 if
-startup would still fail, 2 if the check could not run; ``audit`` 0 if no
-backend's capture writes shared CPU metadata, 1 if one does, 2 if it could not
-run.
+Exit codes: ``status`` 0, 2 if vLLM cannot be imported; ``check`` 0 if every
+capture sequence passes, 1 if startup would still fail, 2 if the check could
+not run; ``audit`` 0 if no backend's capture writes shared CPU metadata, 1 if
+one does, 2 if it could not run. With ``--json`` each prints one JSON object,
+also when it could not run (``{"ok": false, "error": ...}``).
 """
 
 from __future__ import annotations
@@ -33,41 +34,113 @@ def _entry_point() -> Any:
     return None
 
 
-def status() -> int:
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _vllm_problem(import_it: bool = True) -> str | None:
+    """Why vLLM cannot be used in this Python, in one line; None if it is
+    installed (and, with ``import_it``, imports)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except Exception as e:
+        return f"vLLM cannot be found: {_one_line(e)}"
+    if not found:
+        return f"vLLM is not installed in this Python ({sys.executable})"
+    if not import_it:
+        return None
+    try:
+        import vllm  # noqa: F401
+    except (Exception, SystemExit) as e:  # a broken install may exit on import
+        return f"vLLM is installed but fails to import: {_one_line(e)}"
+    return None
+
+
+def _could_not_run(command: str, reason: str, as_json: bool) -> int:
+    """Exit status 2 with one line (or one JSON object) saying why."""
+    if as_json:
+        print(json.dumps({"ok": False, "command": command, "error": reason}))
+    else:
+        print(f"{PREFIX} {command} could not run: {reason}")
+    return 2
+
+
+def _status_facts() -> dict[str, Any]:
     from vllm_capture_guard.runtime.patches import PATCHES, Status
     from vllm_capture_guard.runtime.plugin import platform_name, vllm_version
 
     mode, problem = read_mode()
     is_rocm, platform = platform_name()
-    print(f"{PREFIX} {__version__}")
-    print(f"vLLM:        {vllm_version()}")
-    print(f"platform:    {platform}{'' if is_rocm else ' (not ROCm)'}")
-    needed = []
+    patches = []
     for patch in PATCHES:
         try:
             found = patch.inspect()
         except Exception as e:
-            print(f"  {patch.name}: could not check ({type(e).__name__}: {e})")
+            error = _one_line(e)
+            patches.append({"name": patch.name, "status": "error", "detail": error})
             continue
-        print(f"  {patch.name}: {found.status} ({found.detail})")
-        if found.status in (Status.NEEDED, Status.PATCHED, Status.ALREADY):
-            needed.append(patch.name)
-    print(f"affected:    {'yes' if needed else 'no'}")
+        patches.append(
+            {"name": patch.name, "status": str(found.status), "detail": found.detail}
+        )
+    affected = {str(Status.NEEDED), str(Status.PATCHED), str(Status.ALREADY)}
+    needed = [p["name"] for p in patches if p["status"] in affected]
     reasons = []
     if _entry_point() is None:
         reasons.append(f"no '{ENTRY_POINT_NAME}' entry point in {ENTRY_POINT_GROUP}")
     if not loaded_by_vllm():
         reasons.append(f"VLLM_PLUGINS does not list '{ENTRY_POINT_NAME}'")
-    if problem:
-        print(f"warning:     {problem}")
     if mode == "off":
         reasons.append(f"{ENV}=off")
     elif mode == "auto" and not is_rocm:
         reasons.append(f"{ENV}=auto acts on ROCm only")
-    print(f"{ENV}: {mode}")
-    if reasons:
-        print(f"guard:       inactive here: {'; '.join(reasons)}")
-    elif needed:
+    return {
+        "ok": True,
+        "guard_version": __version__,
+        "vllm": vllm_version(),
+        "platform": platform,
+        "rocm": is_rocm,
+        "patches": patches,
+        "affected": bool(needed),
+        "mode": mode,
+        "mode_warning": problem,
+        "active": not reasons,
+        "inactive_because": reasons,
+    }
+
+
+def status(as_json: bool = False) -> int:
+    if as_json:  # keep stdout for the JSON: vLLM logs to stdout by default
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    problem = _vllm_problem()
+    if problem:
+        return _could_not_run("status", problem, as_json)
+    try:
+        facts = _status_facts()
+    except Exception as e:
+        return _could_not_run("status", _one_line(e), as_json)
+    if as_json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    print(f"{PREFIX} {facts['guard_version']}")
+    print(f"vLLM:        {facts['vllm']}")
+    print(f"platform:    {facts['platform']}{'' if facts['rocm'] else ' (not ROCm)'}")
+    for p in facts["patches"]:
+        if p["status"] == "error":
+            print(f"  {p['name']}: could not check ({p['detail']})")
+        else:
+            print(f"  {p['name']}: {p['status']} ({p['detail']})")
+    print(f"affected:    {'yes' if facts['affected'] else 'no'}")
+    if facts["mode_warning"]:
+        print(f"warning:     {facts['mode_warning']}")
+    print(f"{ENV}: {facts['mode']}")
+    if facts["inactive_because"]:
+        print(f"guard:       inactive here: {'; '.join(facts['inactive_because'])}")
+    elif facts["affected"]:
         print("guard:       active: vLLM processes here load it and patch capture")
     else:
         print("guard:       active, with nothing to do on this vLLM")
@@ -77,6 +150,9 @@ def status() -> int:
 def check(as_json: bool) -> int:
     if as_json:  # keep stdout for the JSON: vLLM logs to stdout by default
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    problem = _vllm_problem()
+    if problem:
+        return _could_not_run("check", problem, as_json)
     mode, _ = read_mode()
     if mode == "auto":
         # Judge the ROCm code path on any host: act as on ROCm.
@@ -89,8 +165,7 @@ def check(as_json: bool) -> int:
 
         result = run_seed()
     except Exception as e:
-        print(f"{PREFIX} check could not run: {type(e).__name__}: {e}")
-        return 2
+        return _could_not_run("check", _one_line(e), as_json)
     if as_json:
         print(json.dumps(result, indent=2))
     else:
@@ -136,13 +211,21 @@ def audit(as_json: bool, backends: list[str] | None) -> int:
     mode, problem = read_mode()
     if problem:
         print(f"{PREFIX}: {problem}", file=sys.stderr)
+    missing = _vllm_problem(import_it=False)
+    if missing:
+        return _could_not_run("audit", missing, as_json)
     if mode == "auto":
         # Judge the ROCm code path on any host: act as on ROCm.
         os.environ[ENV] = "on"
     shown = mode if mode != "auto" else "auto (counts as on: audits the ROCm path)"
-    from vllm_capture_guard.tools.audit import use_version_cache
-
-    use_version_cache()
+    try:
+        from vllm_capture_guard.tools.audit import use_version_cache
+    except Exception as e:  # numpy/torch missing: say so, or why vLLM is broken
+        return _could_not_run("audit", _vllm_problem() or _one_line(e), as_json)
+    use_version_cache()  # before vLLM is imported
+    broken = _vllm_problem()
+    if broken:
+        return _could_not_run("audit", broken, as_json)
     try:
         import vllm.plugins
 
@@ -151,8 +234,7 @@ def audit(as_json: bool, backends: list[str] | None) -> int:
 
         result = run_audit(backends, guard_mode=shown)
     except Exception as e:
-        print(f"{PREFIX} audit could not run: {type(e).__name__}: {e}")
-        return 2
+        return _could_not_run("audit", _one_line(e), as_json)
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -162,22 +244,67 @@ def audit(as_json: bool, backends: list[str] | None) -> int:
     return 1 if result.cpu_writers else 0
 
 
+#: ``--help`` text: plain, for a terminal (the module docstring is for Sphinx).
+DESCRIPTION = """\
+Is this vLLM affected by the ROCm full CUDA-graph capture bug (MiniMax-M3,
+ROCM_ATTN / ROCM_AITER_UNIFIED_ATTN, "assert decode_query_len > 0"), is the
+guard active, and does capture now get past vLLM's metadata builders?
+
+Exit codes:
+  0  status printed; check passes; audit finds no shared CPU write
+  1  check: startup would still fail; audit: a capture writes shared CPU
+     metadata
+  2  could not run (vLLM not installed or not importable, or another error);
+     the reason is printed on one line, or as {"ok": false, "error": ...}
+     with --json
+"""
+
+#: Per command: (one-line help with its exit codes, ``--help`` description).
+COMMANDS = {
+    "status": (
+        "vLLM version, platform, affected?, guard active? (exit 0; 2: no vLLM)",
+        "Print the vLLM version, the platform, whether this vLLM is affected and\n"
+        "whether the guard is active in it.\n\n"
+        "Exit codes: 0 printed; 2 vLLM is not installed or does not import\n"
+        "(one-line reason).",
+    ),
+    "check": (
+        "MiniMax-M3 capture on real vLLM builders (exit 0 pass, 1 fail, 2 error)",
+        "Run the MiniMax-M3 full-graph capture sequence on this vLLM's own\n"
+        "metadata builders (CPU), with the guard loaded as vLLM loads it.\n\n"
+        "Exit codes: 0 capture gets past every metadata builder; 1 startup\n"
+        "would still fail; 2 the check could not run (one-line reason).",
+    ),
+    "audit": (
+        "every backend's capture vs shared metadata (exit 0 clean, 1 hazard, 2 error)",
+        "Every registered attention backend: does its full-graph capture write\n"
+        "shared metadata that later builders read?\n\n"
+        "Exit codes: 0 no capture writes shared CPU metadata; 1 one does;\n"
+        "2 the audit could not run (one-line reason).",
+    ),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vllm-capture-guard", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="vllm-capture-guard",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="vLLM version, platform, affected?, guard active?")
-    p_check = sub.add_parser(
-        "check", help="run the MiniMax-M3 capture scenario on real vLLM builders"
-    )
-    p_check.add_argument("--json", action="store_true", help="machine-readable")
-    p_audit = sub.add_parser(
-        "audit",
-        help="every registered attention backend: does its capture write "
-        "shared metadata that later builders read?",
-    )
-    p_audit.add_argument("--json", action="store_true", help="machine-readable")
-    p_audit.add_argument(
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parsers = {
+        name: sub.add_parser(
+            name,
+            help=text,
+            description=description,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        for name, (text, description) in COMMANDS.items()
+    }
+    for p in parsers.values():
+        p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parsers["audit"].add_argument(
         "--backend",
         action="append",
         metavar="NAME",
@@ -187,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     # The verdict is ours to print; vLLM's INFO chatter would bury it.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.command == "status":
-        return status()
+        return status(args.json)
     if args.command == "audit":
         return audit(args.json, args.backend)
     return check(args.json)
