@@ -127,8 +127,9 @@ def run_engine(model_dir: str, backend: str, cudagraph_mode: str, tp: int) -> di
 def host_info() -> dict:
     """What the ROCm tests need to know about this host, from a clean process:
     ROCm torch?, GPUs, vLLM, whether the guard is installed as a vLLM plugin,
-    and whether this vLLM is affected (by behaviour, through the patch's own
-    ``inspect()``, which changes nothing)."""
+    and whether this vLLM is affected, decided by running vLLM's own ROCm
+    capture and the MiniMax-M3 indexer on shared buffers, on the CPU, with no
+    guard loaded (never by asking the guard)."""
     from importlib.metadata import entry_points, version
 
     import torch
@@ -146,11 +147,18 @@ def host_info() -> dict:
         (ep.value for ep in eps if ep.name == "capture_guard"), None
     )
     import vllm_capture_guard
-    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets
+    from vllm_capture_guard.tools import scenarios as sc
 
     info["guard_module"] = str(Path(vllm_capture_guard.__file__).resolve().parent)
-    outcome = rocm_attn_cpu_offsets.inspect()
-    info["inspect"] = {"status": outcome.status, "detail": str(outcome)}
+    batch = sc.Batch(4)
+    run = sc.run_capture(sc.ROCM_ATTN, batch)
+    failed = run.failed
+    info["capture"] = {
+        "affected": run.query_start_loc_cpu_after != batch.offsets(),
+        "detail": f"ROCM_ATTN capture left query_start_loc_cpu "
+        f"{run.query_start_loc_cpu_after} (was {batch.offsets()}); "
+        f"{'failed: ' + failed.error if failed else 'indexer built'}",
+    }
     return info
 
 

@@ -17,10 +17,9 @@ prompts (:mod:`tests.rocm.engine_run`, one fresh process per engine).
   what shows that the first test exercises the bug and cannot pass by
   accident. On a vLLM that is not affected it must start.
 
-"Affected" is decided by behaviour, as the plugin decides it:
-``vllm_capture_guard.runtime.patches.rocm_attn_cpu_offsets.inspect()`` runs the
-installed ROCm builder's capture on a CPU probe and reports whether it zeroes
-``query_start_loc_cpu``.
+"Affected" is decided by running vLLM's own ROCm capture and the MiniMax-M3
+indexer on shared buffers, on the CPU, in a process with no guard loaded
+(``engine_run.py --host-info``), never by asking the guard.
 
 Everything skips, with the reason, on a host that is not a ROCm GPU host. No
 module-level import touches torch or vLLM, so CPU collection is cheap.
@@ -52,8 +51,6 @@ from tests.rocm.tiny_model import write_engine_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TP_SIZES = (1, 4)
-NEEDED = "needed"  # vllm_capture_guard.runtime.patches.NEEDED, without importing it
-NOT_NEEDED = "not needed"
 STARTUP_FAILURE = "assert decode_query_len > 0"
 ENGINE_FAILED = ("EngineCore failed to start", "Engine core initialization failed")
 #: Set by CI: the agent must be a ROCm host with this many GPUs (no skipping).
@@ -117,7 +114,7 @@ class Host:
 
     @property
     def affected(self) -> bool:
-        return self.info["inspect"]["status"] == NEEDED
+        return bool(self.info["capture"]["affected"])
 
     def require_gpus(self, n: int) -> None:
         if self.gpus < n:
@@ -162,8 +159,8 @@ def _probe_host() -> tuple[Host | None, str]:
             f"vllm.general_plugins; found {info['entry_point']!r}). Run "
             "`pip install -e .` from the repository root first."
         )
-    if info["inspect"]["status"] not in (NEEDED, NOT_NEEDED):
-        pytest.fail(f"cannot tell whether this vLLM is affected: {info['inspect']}")
+    if not isinstance(info.get("capture", {}).get("affected"), bool):
+        pytest.fail(f"cannot tell whether this vLLM is affected: {info}")
     return Host(info), ""
 
 
@@ -250,10 +247,10 @@ def test_engine_starts_with_guard(rocm_host, tmp_path, backend, cudagraph_mode, 
     lines = guard_lines(run.logs)
     assert lines, "the guard logged nothing: not loaded as a vLLM plugin\n" + run.tail()
     assert not [ln for ln in lines if "could not" in ln or "failed" in ln], lines
-    expected = "patched on vLLM" if rocm_host.affected else "not needed on vLLM"
-    assert any(expected in ln for ln in lines), (expected, lines)
+    expected = "patched" if rocm_host.affected else "not needed"
+    assert any(f": {expected} (" in ln for ln in lines), (expected, lines)
     guard = run.result["guard"]  # what the plugin did in the LLM's own process
-    assert guard and guard["action"] == expected.split(" on ")[0], run.result
+    assert guard and guard["action"] == expected, run.result
     print(
         f"\n{backend} {cudagraph_mode} tp{tp}: started in "
         f"{run.result['startup_s']} s, generated {outputs}"
@@ -272,7 +269,7 @@ def test_guard_off_control(rocm_host, tmp_path, backend, cudagraph_mode, tp):
         assert not run.timed_out, run.tail()
         assert run.returncode != 0 and run.result is None, (
             "startup succeeded without the guard on a vLLM whose ROCm capture "
-            f"zeroes query_start_loc_cpu ({rocm_host.info['inspect']}): this "
+            f"zeroes query_start_loc_cpu ({rocm_host.info['capture']}): this "
             "engine does not exercise the bug\n" + run.tail()
         )
         assert STARTUP_FAILURE in run.logs, run.tail()
@@ -284,6 +281,6 @@ def test_guard_off_control(rocm_host, tmp_path, backend, cudagraph_mode, tp):
     else:
         assert run.returncode == 0 and run.result is not None, (
             f"vLLM {rocm_host.info['vllm']} is not affected "
-            f"({rocm_host.info['inspect']}) but did not start without the "
+            f"({rocm_host.info['capture']}) but did not start without the "
             "guard\n" + run.tail()
         )
