@@ -53,6 +53,9 @@ def status() -> int:
         if found.status in (Status.NEEDED, Status.PATCHED, Status.ALREADY):
             needed.append(patch.name)
     print(f"affected:    {'yes' if needed else 'no'}")
+    from vllm_capture_guard.tools.tree.command import status_line
+
+    print(f"in-tree fix: {status_line()}")
     reasons = []
     if _entry_point() is None:
         reasons.append(f"no '{ENTRY_POINT_NAME}' entry point in {ENTRY_POINT_GROUP}")
@@ -183,11 +186,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="audit only this registry name (repeatable); default: all",
     )
+    from vllm_capture_guard.tools.tree import command as tree_command
+
+    tree_command.add_parser(sub)
     args = parser.parse_args(argv)
     # The verdict is ours to print; vLLM's INFO chatter would bury it.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.command == "status":
         return status()
+    if args.command == "patch":
+        return tree_command.run(args)
     if args.command == "audit":
         return audit(args.json, args.backend)
     return check(args.json)
