@@ -64,14 +64,12 @@ def affected(tmp_path) -> Path:
 
 
 def test_names_are_the_runtime_patches_names():
-    from vllm_capture_guard.runtime.patches import (
-        rocm_aiter_unified_builder as rt_aiter,
-    )
-    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as rt_attn
+    from vllm_capture_guard.runtime.patches import by_name
+    from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as rt
 
-    assert (cpu_offsets.FIX, cpu_offsets.PR) == (rt_attn.NAME, rt_attn.PR)
-    assert (aiter_builder.FIX, aiter_builder.PR) == (rt_aiter.NAME, rt_aiter.PR)
-    assert aiter_builder.BUILDER == rt_aiter.BUILDER  # upstream's class name
+    for fix in (cpu_offsets, aiter_builder):
+        assert by_name(fix.FIX).pr == fix.PR
+    assert aiter_builder.BUILDER == rt.BUILDER  # upstream's class name
 
 
 @pytest.mark.parametrize("version", AFFECTED + FIXED)
