@@ -60,6 +60,7 @@ oracle: envs
 
 bench: env
 	$(PY) benchmarks/bench_guard.py
+	$(PY) benchmarks/bench_tree.py
 
 # Every registered attention backend's capture on shared metadata (issue 4).
 audit: env

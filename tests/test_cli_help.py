@@ -52,3 +52,14 @@ def test_status_json_is_one_object(capsys, monkeypatch, vllm_version):
         "rocm-attn-cpu-offsets",
         "rocm-aiter-unified-builder",
     }
+
+
+def test_patch_help_is_plain_text_with_exit_codes(capsys):
+    out = _help(capsys, "patch")
+    assert "``" not in out and "Exit codes:" in out
+    flat = " ".join(out.split())
+    assert "--check 0 nothing to do" in flat and "1 the tree needs the fix" in flat
+    assert "2 refused" in flat
+    top = _help(capsys)
+    (line,) = [ln for ln in top.splitlines() if ln.strip().startswith("patch")]
+    assert "exit" in line or "exit" in top.split("patch", 1)[1].split("\n  ")[0]

@@ -89,6 +89,9 @@ def _status_facts() -> dict[str, Any]:
         )
     affected = {str(Status.NEEDED), str(Status.PATCHED), str(Status.ALREADY)}
     needed = [p["name"] for p in patches if p["status"] in affected]
+    from vllm_capture_guard.tools.tree.command import status_line
+
+    in_tree = status_line()
     reasons = []
     if _entry_point() is None:
         reasons.append(f"no '{ENTRY_POINT_NAME}' entry point in {ENTRY_POINT_GROUP}")
@@ -106,6 +109,7 @@ def _status_facts() -> dict[str, Any]:
         "rocm": is_rocm,
         "patches": patches,
         "affected": bool(needed),
+        "in_tree_fix": in_tree,
         "mode": mode,
         "mode_warning": problem,
         "active": not reasons,
@@ -135,6 +139,7 @@ def status(as_json: bool = False) -> int:
         else:
             print(f"  {p['name']}: {p['status']} ({p['detail']})")
     print(f"affected:    {'yes' if facts['affected'] else 'no'}")
+    print(f"in-tree fix: {facts['in_tree_fix']}")
     if facts["mode_warning"]:
         print(f"warning:     {facts['mode_warning']}")
     print(f"{ENV}: {facts['mode']}")
@@ -310,11 +315,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="audit only this registry name (repeatable); default: all",
     )
+    from vllm_capture_guard.tools.tree import command as tree_command
+
+    tree_command.add_parser(sub)
     args = parser.parse_args(argv)
     # The verdict is ours to print; vLLM's INFO chatter would bury it.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.command == "status":
         return status(args.json)
+    if args.command == "patch":
+        return tree_command.run(args)
     if args.command == "audit":
         return audit(args.json, args.backend)
     return check(args.json)

@@ -390,7 +390,14 @@ def record_in(
 ) -> dict[str, Any]:
     """``record`` in a fresh interpreter against vLLM ``version``."""
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_capture_guard.tools.oracle", "record", "--out", out],
+        [
+            sys.executable,
+            "-m",
+            "vllm_capture_guard.tools.oracle",
+            "record",
+            "--out",
+            out,
+        ],
         env=env_for(version, mode, envs),
         capture_output=True,
         text=True,

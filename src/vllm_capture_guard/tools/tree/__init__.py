@@ -1,0 +1,37 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The in-tree form: the same two backports, written into a vLLM tree.
+
+For image builders who would rather ship a patched vLLM than load a plugin:
+``vllm-capture-guard patch --check | --diff | --apply | --revert [--tree PATH]``
+(:mod:`.command`). What the patched tree does is what the runtime patches
+(:mod:`vllm_capture_guard.runtime.patches`) make it do, and what vLLM 0.29.0
+does:
+
+* :mod:`.cpu_offsets` (vLLM PR #51585): ``RocmAttentionMetadataBuilder``'s
+  capture stops zeroing the shared ``query_start_loc_cpu``; it still zeroes the
+  device ``query_start_loc`` (the #25985 guard);
+* :mod:`.aiter_builder` (vLLM PR #53821): ``RocmAiterUnifiedAttentionBackend``
+  gets its own ``RocmAiterUnifiedAttentionMetadataBuilder``, whose capture sets
+  ``seq_lens`` to 1 and leaves ``query_start_loc`` alone.
+
+Each change carries a one-line marker comment,
+``# vllm-capture-guard: backport of vllm PR #N``, which ``--check`` and
+``vllm-capture-guard status`` read.
+
+Why ``ast`` and not libcst: the patcher must run in a bare image-build stage,
+so it uses the standard library only. We never print code back from a tree:
+``ast`` finds the statements (``lineno``/``end_lineno``/``col_offset``), and
+an edit removes, replaces or inserts *whole lines* (:mod:`.source`). Every other
+byte of the file, comments and formatting included, stays exactly as it was,
+which is all libcst's round-tripping would add. What we insert is our own code.
+The result is compiled and recognised again before anything is written.
+
+Found by structure, not by stored text, and strict: a file whose capture
+writes the offsets in a way we do not recognise is refused (``--check`` exits
+2, the message names what was not found) and nothing is written.
+
+Modules: :mod:`.locate` (which tree), :mod:`.source` (a file, its ``ast``,
+line edits, markers), :mod:`.cpu_offsets` and :mod:`.aiter_builder` (one fix
+each), :mod:`.plan` (both fixes over a tree), :mod:`.files` (all-or-nothing
+atomic writes, originals, bytecode), :mod:`.command` (the subcommand).
+"""

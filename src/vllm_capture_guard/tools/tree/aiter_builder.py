@@ -1,0 +1,238 @@
+# SPDX-License-Identifier: Apache-2.0
+"""In-tree backport of vLLM PR #53821: ROCM_AITER_UNIFIED_ATTN gets its own
+metadata builder, whose capture leaves the query offsets alone.
+
+File: ``vllm/v1/attention/backends/rocm_aiter_unified_attn.py``. In
+0.27.x/0.28.0 ``RocmAiterUnifiedAttentionBackend.get_builder_cls()`` returns
+``RocmAttentionMetadataBuilder``, whose capture zeroes the offsets that the
+unified kernel reads at replay. The edit inserts our own subclass, named as
+upstream's (:data:`BUILDER`), before the backend class, and makes
+``get_builder_cls()`` return it.
+
+Its capture is the one the runtime patch installs
+(:mod:`vllm_capture_guard.runtime.patches.rocm_aiter_unified_builder`): the
+ROCm builder's own capture (so ``seq_lens`` is set to 1, the hot path
+``build()`` is inherited), then the caller's ``query_start_loc`` and
+``query_start_loc_cpu`` values put back. It reproduces upstream's builder
+whatever else a vendor's ROCm capture does, and the differential oracle
+checks it against 0.29.0.
+
+Recognised, by structure (anything else is refused):
+
+* ``get_builder_cls`` is a static or class method of the backend whose body is
+  ``return <Name>``;
+* it returns ``RocmAttentionMetadataBuilder``, imported at module level from
+  ``rocm_attn`` before the backend class and bound nowhere else, and the
+  module does not use the name :data:`BUILDER` yet: the fix applies;
+* or it returns :data:`BUILDER`, a module-level subclass of
+  ``RocmAttentionMetadataBuilder`` with its own capture that hands its
+  metadata only to ``self.build`` and never names ``query_start_loc`` or
+  ``query_start_loc_cpu``: upstream's fix (no marker); or ours (markers, and
+  the class is exactly the block we insert).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from vllm_capture_guard.tools.tree import model
+from vllm_capture_guard.tools.tree.cpu_offsets import (
+    CPU,
+    DEVICE,
+    METHOD,
+    Capture,
+    capture_params,
+    check_param_use,
+)
+from vllm_capture_guard.tools.tree.source import (
+    PROJECT,
+    Edit,
+    Source,
+    Unrecognised,
+    binds,
+    body_without_docstring,
+    is_name,
+    marker,
+    mentions,
+)
+
+FIX = "rocm-aiter-unified-builder"
+PR = "#53821"
+FILE = "v1/attention/backends/rocm_aiter_unified_attn.py"  # inside vllm/
+BACKEND = "RocmAiterUnifiedAttentionBackend"
+PARENT = "RocmAttentionMetadataBuilder"
+BUILDER = "RocmAiterUnifiedAttentionMetadataBuilder"
+GETTER = "get_builder_cls"
+
+#: The class we insert (our own code; the runtime patch does the same).
+BLOCK = (
+    marker(PR, "own builder, offsets kept"),
+    f"class {BUILDER}({PARENT}):".encode(),
+    b'    """The ROCm builder, except that full-graph capture leaves the query',
+    b'    offsets alone: the unified attention kernel reads them at replay."""',
+    b"",
+    f"    def {METHOD}(self, common_attn_metadata):".encode(),
+    b"        # The ROCm capture (seq_lens set to 1), then the offsets put back.",
+    b"        offsets = (",
+    b"            common_attn_metadata.query_start_loc,",
+    b"            common_attn_metadata.query_start_loc_cpu,",
+    b"        )",
+    b"        saved = [offset.clone() for offset in offsets]",
+    b"        metadata = super().build_for_cudagraph_capture(common_attn_metadata)",
+    b"        for offset, values in zip(offsets, saved):",
+    b"            offset.copy_(values)",
+    b"        return metadata",
+)
+BLANK_AFTER = 2
+
+
+def _getter(src: Source, backend: ast.ClassDef) -> tuple[ast.FunctionDef, str]:
+    fn = src.method(backend, GETTER)
+    decorators = [d.id for d in fn.decorator_list if isinstance(d, ast.Name)]
+    if len(fn.decorator_list) != 1 or decorators[0] not in (
+        "staticmethod",
+        "classmethod",
+    ):
+        raise Unrecognised(
+            f"{src.rel}:{fn.lineno}: {BACKEND}.{GETTER} is not a plain static "
+            f"or class method"
+        )
+    body = body_without_docstring(fn.body)
+    if len(body) != 1 or not (
+        isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Name)
+    ):
+        raise Unrecognised(
+            f"{src.rel}:{fn.lineno}: {BACKEND}.{GETTER} is not `return <class>`"
+        )
+    return fn, body[0].value.id
+
+
+def _parent_import(src: Source, before: int) -> None:
+    """``PARENT`` must come from ``rocm_attn`` at module level, above line
+    ``before``, and be bound nowhere else."""
+    imported = None
+    for stmt in src.module.body:
+        if (
+            isinstance(stmt, ast.ImportFrom)
+            and (stmt.module or "").split(".")[-1] == "rocm_attn"
+        ):
+            for alias in stmt.names:
+                if alias.name == PARENT and alias.asname is None:
+                    imported = stmt
+    if imported is None or imported.lineno >= before:
+        raise Unrecognised(
+            f"{src.rel}: no `from ...rocm_attn import {PARENT}` at module level "
+            f"above {BACKEND}"
+        )
+    for node in binds(src.module, PARENT):
+        is_load = isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+        is_import = isinstance(node, ast.alias) and any(
+            node is a for a in imported.names
+        )
+        if not (is_load or is_import):
+            raise Unrecognised(
+                f"{src.rel}:{getattr(node, 'lineno', '?')}: {PARENT} is bound "
+                f"here as well as imported from rocm_attn"
+            )
+
+
+def _builder_class(src: Source) -> ast.ClassDef:
+    """The module's own ``BUILDER``, recognised (see the module docstring)."""
+    cls = src.top_class(BUILDER)
+    if len(cls.bases) != 1 or not is_name(cls.bases[0], PARENT) or cls.keywords:
+        raise Unrecognised(f"{src.rel}:{cls.lineno}: {BUILDER} is not a {PARENT}")
+    fn = src.method(cls, METHOD)
+    check_param_use(src, fn, capture_params(src, fn))
+    for field in (DEVICE, CPU):
+        found = mentions(cls, field)
+        if found:
+            raise Unrecognised(
+                f"{src.rel}:{found[0].lineno}: {BUILDER} uses `{field}`"  # type: ignore[attr-defined]
+            )
+    return cls
+
+
+def _insertion_line(src: Source, backend: ast.ClassDef) -> int:
+    """0-based line before which our class goes: above the backend class, its
+    decorators and the comment lines right above them."""
+    at = src.first_line(backend) - 1
+    while at > 0 and src.lines[at - 1].strip().startswith(b"#"):
+        at -= 1
+    return at
+
+
+def _block_lines() -> list[bytes]:
+    return [*BLOCK, *([b""] * BLANK_AFTER)]
+
+
+def inspect(src: Source | None, rel: str, capture: Capture | None) -> model.Finding:
+    """What this tree's ``rocm_aiter_unified_attn.py`` needs; never raises.
+
+    ``capture`` is the ROCm builder's capture as :mod:`.cpu_offsets`
+    recognised it (None if it did not)."""
+
+    def finding(state: str, detail: str, edits: tuple[Edit, ...] = ()):
+        return model.Finding(FIX, PR, rel, state, detail, edits)
+
+    if src is None:
+        return finding(model.ABSENT, f"{rel} is not in this tree; nothing to fix")
+    try:
+        return _inspect(src, capture, finding)
+    except Unrecognised as e:
+        return finding(model.UNRECOGNISED, str(e))
+
+
+def _inspect(src: Source, capture: Capture | None, finding) -> model.Finding:
+    backend = src.top_class(BACKEND)
+    getter, returned = _getter(src, backend)
+    ret = body_without_docstring(getter.body)[0]
+    markers = src.all_markers()
+    where = f"{BACKEND}.{GETTER}"
+    if returned == PARENT:
+        if markers:
+            raise Unrecognised(
+                f"{src.rel}:{markers[0][0]}: a {PROJECT} marker, but {where} "
+                f"still returns {PARENT}"
+            )
+        at = _insertion_line(src, backend)
+        _parent_import(src, at + 1)
+        used = binds(src.module, BUILDER)
+        if used:
+            raise Unrecognised(
+                f"{src.rel}:{getattr(used[0], 'lineno', '?')}: the name {BUILDER} "
+                f"is already used"
+            )
+        if capture is None:
+            raise Unrecognised(f"{PARENT}'s capture in rocm_attn.py not recognised")
+        start, end = src.own_lines(ret)
+        indent = src.indent(ret)
+        edits = (
+            Edit(at, at, tuple(_block_lines())),
+            Edit(
+                start,
+                end,
+                (indent + marker(PR), indent + b"return " + BUILDER.encode()),
+            ),
+        )
+        return finding(
+            model.NEEDED,
+            f"{where} returns {PARENT} (line {ret.lineno}), whose capture zeroes "
+            f"query_start_loc; the fix adds {BUILDER}",
+            edits,
+        )
+    if returned != BUILDER:
+        raise Unrecognised(f"{src.rel}:{ret.lineno}: {where} returns {returned}")
+    if not markers:
+        _builder_class(src)
+        return finding(model.UPSTREAM, f"{where} returns its own {BUILDER}")
+    cls = src.top_class(BUILDER)
+    first = src.first_line(cls)
+    expected = [(first - 1, PR), (ret.lineno - 1, PR)]
+    block = [line.rstrip(b"\r\n") for line in src.lines[first - 2 : cls.end_lineno]]
+    if markers != expected or block != list(BLOCK):
+        raise Unrecognised(
+            f"{src.rel}: {PROJECT} markers, but {BUILDER} or {where} is not what "
+            f"this fix writes (edited since?)"
+        )
+    _parent_import(src, first)
+    return finding(model.APPLIED, f"{where} returns our {BUILDER} (markers present)")

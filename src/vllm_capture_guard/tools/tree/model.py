@@ -1,0 +1,32 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the patcher found in one file for one fix."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vllm_capture_guard.tools.tree.source import Edit
+
+#: The file has the bug and we recognise it: the fix applies.
+NEEDED = "needs the fix"
+#: The file carries our backport (marker comments and the fixed structure).
+APPLIED = "carries the in-tree fix"
+#: The file already behaves as upstream's fixed release: nothing to do.
+UPSTREAM = "fixed upstream"
+#: The file is not in this tree (the backend does not exist): nothing to do.
+ABSENT = "absent"
+#: The file is not one we recognise: we refuse, and write nothing.
+UNRECOGNISED = "not recognised"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    fix: str  # the runtime patch's name, e.g. "rocm-attn-cpu-offsets"
+    pr: str  # "#51585"
+    rel: str  # the file, relative to the tree's root
+    state: str
+    detail: str
+    edits: tuple[Edit, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.fix} (PR {self.pr}), {self.rel}: {self.state}: {self.detail}"

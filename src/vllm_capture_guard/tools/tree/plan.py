@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Both fixes over one tree: what each file needs, and the bytes it would get.
+
+:func:`inspect_bytes` is pure (file contents in, findings out), so the same
+code judges the tree, checks our own result before anything is written (the
+patched bytes must compile and be recognised as carrying the fix, which also
+makes a second ``--apply`` a no-op), and checks, before ``--revert``, that a
+file is still exactly what ``--apply`` made of its saved original.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vllm_capture_guard.tools.tree import aiter_builder, cpu_offsets, model
+from vllm_capture_guard.tools.tree.locate import Tree
+from vllm_capture_guard.tools.tree.source import Source, Unrecognised
+
+#: (fix name, upstream PR, file inside the vllm package), in dependency order.
+FIXES = (
+    (cpu_offsets.FIX, cpu_offsets.PR, cpu_offsets.FILE),
+    (aiter_builder.FIX, aiter_builder.PR, aiter_builder.FILE),
+)
+FILES = tuple(inside for _, _, inside in FIXES)
+
+
+def read_tree(tree: Tree) -> dict[str, bytes | None]:
+    """The target files' bytes (None where a file does not exist)."""
+    out: dict[str, bytes | None] = {}
+    for inside in FILES:
+        path = tree.path(inside)
+        out[inside] = path.read_bytes() if path.is_file() else None
+    return out
+
+
+def inspect_bytes(tree: Tree, data: dict[str, bytes | None]) -> list[model.Finding]:
+    sources: dict[str, Source | None] = {}
+    broken: dict[str, str] = {}
+    for inside, raw in data.items():
+        if raw is None:
+            sources[inside] = None
+            continue
+        try:
+            sources[inside] = Source.parse(tree.path(inside), tree.rel(inside), raw)
+        except Unrecognised as e:
+            broken[inside] = str(e)
+    a_rel, b_rel = tree.rel(cpu_offsets.FILE), tree.rel(aiter_builder.FILE)
+    capture = None
+    if cpu_offsets.FILE in broken:
+        a = model.Finding(
+            cpu_offsets.FIX, cpu_offsets.PR, a_rel, model.UNRECOGNISED,
+            broken[cpu_offsets.FILE],
+        )  # fmt: skip
+    else:
+        a, capture = cpu_offsets.inspect(sources[cpu_offsets.FILE], a_rel)
+    if aiter_builder.FILE in broken:
+        b = model.Finding(
+            aiter_builder.FIX, aiter_builder.PR, b_rel, model.UNRECOGNISED,
+            broken[aiter_builder.FILE],
+        )  # fmt: skip
+    else:
+        b = aiter_builder.inspect(sources[aiter_builder.FILE], b_rel, capture)
+    return [a, b]
+
+
+def _inside(tree: Tree, finding: model.Finding) -> str:
+    return next(f for f in FILES if tree.rel(f) == finding.rel)
+
+
+def patched_bytes(
+    tree: Tree, data: dict[str, bytes | None], findings: list[model.Finding]
+) -> dict[str, bytes]:
+    """The new bytes of every file that a finding says needs the fix."""
+    out: dict[str, bytes] = {}
+    for f in findings:
+        if f.state != model.NEEDED:
+            continue
+        inside = _inside(tree, f)
+        raw = data[inside]
+        assert raw is not None
+        src = Source.parse(tree.path(inside), f.rel, raw)
+        out[inside] = src.edited(f.edits)
+    return out
+
+
+@dataclasses.dataclass
+class Plan:
+    tree: Tree
+    data: dict[str, bytes | None]
+    findings: list[model.Finding]
+    new: dict[str, bytes]  # inside -> patched bytes, for files that need the fix
+
+    @property
+    def refused(self) -> list[model.Finding]:
+        return [f for f in self.findings if f.state == model.UNRECOGNISED]
+
+    @property
+    def needed(self) -> list[model.Finding]:
+        return [f for f in self.findings if f.state == model.NEEDED]
+
+    @property
+    def check_code(self) -> int:
+        """``--check``: 2 refused, 1 needs the fix, 0 nothing to do."""
+        return 2 if self.refused else 1 if self.needed else 0
+
+
+class SelfCheckFailed(Exception):
+    """Our own result did not pass our own checks (a bug of this tool)."""
+
+
+def self_check(tree: Tree, data: dict[str, bytes | None], new: dict[str, bytes]):
+    for inside, raw in new.items():
+        try:
+            compile(raw, tree.rel(inside), "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as e:
+            raise SelfCheckFailed(f"{tree.rel(inside)} would not compile: {e}") from e
+    after = inspect_bytes(tree, {**data, **new})
+    for f in after:
+        if f.state in (model.NEEDED, model.UNRECOGNISED):
+            raise SelfCheckFailed(f"after the edit: {f}")
+
+
+def make_plan(tree: Tree, data: dict[str, bytes | None] | None = None) -> Plan:
+    """Inspect ``tree`` (or ``data`` standing for its files). A plan that
+    refuses nothing holds checked bytes for every file that needs the fix."""
+    data = read_tree(tree) if data is None else data
+    findings = inspect_bytes(tree, data)
+    plan = Plan(tree, data, findings, {})
+    if plan.refused or not plan.needed:
+        return plan
+    new = patched_bytes(tree, data, findings)
+    try:
+        self_check(tree, data, new)
+    except SelfCheckFailed as e:
+        plan.findings = [
+            dataclasses.replace(
+                f, state=model.UNRECOGNISED, detail=f"internal check failed: {e}"
+            )
+            if f.state == model.NEEDED
+            else f
+            for f in findings
+        ]
+        return plan
+    plan.new = new
+    return plan
