@@ -98,3 +98,59 @@ def test_other_imports_pass_untouched(modules):
     hooks.when_imported("cg_hook_never_imported", pytest.fail, pytest.fail)
     module = importlib.import_module(name)
     assert "exec_module" not in vars(module.__spec__.loader)
+
+
+def test_hook_asked_for_during_the_import_runs_once_it_is_complete(modules):
+    name = modules(
+        "cg_hook_g",
+        "import builtins\n"
+        "from vllm_capture_guard.runtime import hooks\n"
+        "hooks.when_imported(__name__, lambda m: builtins.__dict__.setdefault("
+        "'cg_seen', []).append(m.VALUE), lambda n, e: None)\n"
+        "VALUE = 7\n",
+    )
+    import builtins
+
+    importlib.import_module(name)
+    importlib.import_module(modules("cg_hook_h"))  # any later import
+    assert builtins.__dict__.pop("cg_seen", None) == [7]
+
+
+class _ClassLoader:
+    """A loader that is a class, as the built-in and frozen importers are."""
+
+    @staticmethod
+    def create_module(spec):
+        return None
+
+    @staticmethod
+    def exec_module(module):
+        module.VALUE = 3
+
+
+class _ClassLoaderFinder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "cg_hook_class_loaded":
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(name, _ClassLoader)
+
+
+def test_loader_that_cannot_carry_a_hook_is_reported_not_broken(monkeypatch):
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, _ClassLoaderFinder])
+    errors = []
+    hooks.when_imported(
+        "cg_hook_class_loaded", pytest.fail, lambda n, e: errors.append(str(e))
+    )
+    try:
+        module = importlib.import_module("cg_hook_class_loaded")
+        assert module.VALUE == 3
+        assert "exec_module" not in vars(_ClassLoader) or isinstance(
+            vars(_ClassLoader)["exec_module"], staticmethod
+        )
+        assert len(errors) == 1 and "cannot carry a hook" in errors[0]
+    finally:
+        sys.modules.pop("cg_hook_class_loaded", None)
+        hooks.clear()

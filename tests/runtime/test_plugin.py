@@ -193,3 +193,20 @@ def test_revert_stops_pending_hooks(fresh_plugin, unpatched, zeroes_cpu_offsets)
     assert RocmAttentionMetadataBuilder.__dict__["build_for_cudagraph_capture"] is (
         capture
     )
+
+
+def test_unrecognisable_backend_module_is_failed_not_not_needed(
+    monkeypatch, fresh_plugin
+):
+    """A vLLM whose ROCm backend module no longer has the classes we know:
+    the report says failed, with one WARNING, never "not needed"."""
+    from vllm.v1.attention.backends import rocm_attn
+
+    monkeypatch.delattr(rocm_attn, "RocmAttentionMetadataBuilder")
+    monkeypatch.delattr(rocm_attn, "RocmAttentionBackend")
+    monkeypatch.setenv(switch.DISABLE_ENV, "rocm-aiter-unified-builder")
+    plugin.register()
+    report = plugin.report()
+    assert report.action == "failed", report.message
+    warnings = [r for r in fresh_plugin.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "rocm-attn-cpu-offsets" in warnings[0].getMessage()

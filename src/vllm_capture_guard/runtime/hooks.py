@@ -12,8 +12,11 @@ body ran. The loader stays the very same object (``isinstance`` checks,
 ``inspect.getsource`` and ``importlib.resources`` see no difference).
 
 A hook runs once, under the import lock of its module. It never breaks the
-import: an exception in a hook goes to the error handler given to
-:func:`when_imported`, and the import goes on.
+import: an exception in a hook, or a loader that cannot carry one, goes to
+the error handler given to :func:`when_imported`, and the import goes on. A
+hook asked for while its module is still being imported runs at the next
+import anywhere after that module is complete. ``importlib.reload`` does not
+run hooks again: a reloaded backend module has vLLM's classes as written.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class _Finder(importlib.abc.MetaPathFinder):
     """First on ``sys.meta_path``; answers only for watched module names."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if _deferred:
+            _run_deferred()
         if fullname not in _pending:  # the fast path for every other import
             return None
         for finder in sys.meta_path:
@@ -60,7 +65,10 @@ class _Finder(importlib.abc.MetaPathFinder):
             return None
         loader = spec.loader
         original = getattr(loader, "exec_module", None)
-        if original is None:
+        if original is None or isinstance(loader, type):
+            # A loader we must not annotate (a class, or one without
+            # exec_module): the import goes on untouched, the hooks say why.
+            _give_up(fullname, f"its loader {loader!r} cannot carry a hook")
             return spec
 
         def exec_module(module: ModuleType) -> None:
@@ -68,7 +76,9 @@ class _Finder(importlib.abc.MetaPathFinder):
                 original(module)
             finally:
                 # Put the loader back as it was before anyone else sees it.
-                loader.__dict__.pop("exec_module", None)
+                with contextlib.suppress(Exception):
+                    if vars(loader).get("exec_module") is exec_module:
+                        del loader.exec_module
             if module.__name__ == fullname:
                 with _lock:
                     hooks = _pending.pop(fullname, [])
@@ -76,9 +86,37 @@ class _Finder(importlib.abc.MetaPathFinder):
 
         try:
             loader.exec_module = exec_module  # an instance attribute only
-        except Exception:  # a loader we cannot annotate: import untouched
-            return spec
+        except Exception:
+            _give_up(fullname, f"its loader {loader!r} cannot carry a hook")
         return spec
+
+
+def _give_up(name: str, why: str) -> None:
+    """Tell every hook waiting for ``name`` that it will not run."""
+    with _lock:
+        hooks = _pending.pop(name, [])
+    error = RuntimeError(f"cannot watch the import of {name}: {why}")
+    for _hook, on_error in hooks:
+        with contextlib.suppress(Exception):
+            on_error(name, error)
+
+
+#: Modules that were still being imported when a hook was asked for; their
+#: hooks run at the next import anywhere once they are complete.
+_deferred: set[str] = set()
+
+
+def _run_deferred() -> None:
+    with _lock:
+        done = [
+            n for n in _deferred if n in sys.modules and _fully_imported(sys.modules[n])
+        ]
+        ready = []
+        for name in done:
+            _deferred.discard(name)
+            ready.append((name, sys.modules[name], _pending.pop(name, [])))
+    for name, module, hooks in ready:
+        _run(name, module, hooks)
 
 
 _finder = _Finder()
@@ -98,6 +136,8 @@ def when_imported(name: str, hook: Hook, on_error: OnError) -> None:
         module = sys.modules.get(name)
         if module is None or not _fully_imported(module):
             _pending.setdefault(name, []).append((hook, on_error))
+            if module is not None:  # being imported right now
+                _deferred.add(name)
             return
     _run(name, module, [(hook, on_error)])
 
@@ -112,5 +152,6 @@ def clear() -> None:
     """Forget every pending hook and take the finder off ``sys.meta_path``."""
     with _lock:
         _pending.clear()
+        _deferred.clear()
         if _finder in sys.meta_path:
             sys.meta_path.remove(_finder)

@@ -90,7 +90,7 @@ def _summarise(report: Report) -> None:
     report.message = f"{action} on vLLM {vllm_version()}: " + "; ".join(parts)
 
 
-def _on_import(patch, log: logging.Logger, first: bool = True):  # noqa: ANN001
+def _on_import(patch, log: logging.Logger):  # noqa: ANN001
     """The hook for one patch: apply, record, log once."""
     from vllm_capture_guard.runtime import hooks
     from vllm_capture_guard.runtime.patches import Status
@@ -122,9 +122,30 @@ def _on_import(patch, log: logging.Logger, first: bool = True):  # noqa: ANN001
             else:
                 log.info("%s: %s on vLLM %s", PREFIX, outcome, vllm_version())
             for name in patch.follow():
-                hooks.when_imported(name, _on_import(patch, log, False), _failed(log))
+                hooks.when_imported(name, _on_import(patch, log), _failed(log))
 
     return hook
+
+
+def _notify(log: logging.Logger):  # noqa: ANN202
+    """What a patch did on its own later (a class defined after its module)."""
+    from vllm_capture_guard.runtime.patches import Status
+
+    def notify(outcome) -> None:  # noqa: ANN001
+        with _lock:
+            if _report is None:
+                return
+            if outcome.status is Status.FAILED:
+                _report.failures.append(str(outcome))
+            else:
+                _report.outcomes[outcome.patch] = outcome
+            _summarise(_report)
+        if outcome.status is Status.FAILED or outcome.warning:
+            log.warning("%s: %s", PREFIX, outcome.warning or outcome)
+        else:
+            log.info("%s: %s on vLLM %s", PREFIX, outcome, vllm_version())
+
+    return notify
 
 
 def _failed(log: logging.Logger):  # noqa: ANN202
@@ -159,6 +180,7 @@ def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
     _report = Report(mode.value, "armed", "waiting for vLLM to import a backend")
     for patch in PATCHES:
         patch.reverted = False  # armed now: a revert() from before does not count
+        patch.notify = _notify(log)
         hooks.when_imported(patch.modules[0], _on_import(patch, log), _failed(log))
     return _report
 

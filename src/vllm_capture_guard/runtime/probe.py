@@ -40,8 +40,10 @@ from torch.utils._pytree import tree_map
 
 from vllm_capture_guard.runtime.contract import CPU, field_side
 
-#: The probe batch: two uniform decode requests of one token each.
+#: The probe batches: the first is the default; a capture whose writes depend
+#: on the batch (speculative query lengths, a request count) is run on all.
 PROBE_QUERY_LENS = (1, 1)
+PROBE_BATCHES = ((1, 1), (1,), (2, 2, 2), (1,) * 8, (4, 4))
 PROBE_SEQ_LEN = 5
 CUDA = torch.device("cuda", 0)
 PATHS = ("cpu", "gpu")
@@ -75,9 +77,8 @@ class GpuLike(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
-        fake = _REPORTS.get(func)
-        if fake is not None:
-            return fake
+        if func in _REPORTS:
+            return _REPORTS[func]
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs or {}))
         if func is torch.Tensor.cpu or func is torch.Tensor.numpy:
@@ -96,7 +97,19 @@ _REPORTS = {
     torch.Tensor.device.__get__: CUDA,
     torch.Tensor.is_cuda.__get__: True,
     torch.Tensor.is_cpu.__get__: False,
+    torch.Tensor.get_device: 0,
 }
+
+
+class PinnedLike(torch.Tensor):
+    """A CPU tensor that says it is pinned, as the runner's host buffers are
+    on a GPU host (the ``*_cpu`` fields on the probe's ``gpu`` path)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func is torch.Tensor.is_pinned:
+            return True
+        return super().__torch_function__(func, types, args, kwargs or {})
 
 
 def _unwrap(x: Any) -> Any:
@@ -153,7 +166,11 @@ def _no_cuda_init() -> Iterator[None]:
     me = threading.get_ident()
 
     def lazy_init() -> None:
-        if getattr(_probing, "active", False) and threading.get_ident() == me:
+        if (
+            getattr(_probing, "active", False)
+            and threading.get_ident() == me
+            and not tc.is_initialized()  # a worker's GPU is up: nothing to start
+        ):
             raise ProbeRefused("the capture tried to initialise CUDA/HIP")
         return original()
 
@@ -167,14 +184,16 @@ def _no_cuda_init() -> Iterator[None]:
             tc._lazy_init = original
 
 
-def probe_metadata(path: str = "cpu") -> Any:
+def probe_metadata(
+    path: str = "cpu", query_lens: tuple[int, ...] = PROBE_QUERY_LENS
+) -> Any:
     """A ``CommonAttentionMetadata`` built only from the fields the installed
     vLLM's dataclass declares; on the ``gpu`` path its device-side tensors
-    are :class:`GpuLike`."""
+    are :class:`GpuLike` and its host-side ones :class:`PinnedLike`."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
-    lens = torch.tensor(PROBE_QUERY_LENS, dtype=torch.int32)
-    num_reqs, num_tokens = len(PROBE_QUERY_LENS), int(lens.sum())
+    lens = torch.tensor(query_lens, dtype=torch.int32)
+    num_reqs, num_tokens = len(query_lens), int(lens.sum())
     qsl = torch.zeros(num_reqs + 1, dtype=torch.int32)
     qsl[1:] = torch.cumsum(lens, 0)
     values = dict(
@@ -183,14 +202,20 @@ def probe_metadata(path: str = "cpu") -> Any:
         seq_lens=torch.full((num_reqs,), PROBE_SEQ_LEN, dtype=torch.int32),
         num_reqs=num_reqs,
         num_actual_tokens=num_tokens,
-        max_query_len=max(PROBE_QUERY_LENS),
+        max_query_len=max(query_lens),
         max_seq_len=PROBE_SEQ_LEN,
         block_table_tensor=torch.zeros((num_reqs, 1), dtype=torch.int32),
         slot_mapping=torch.arange(num_tokens, dtype=torch.int64),
     )
     if path == "gpu":
         values = {
-            k: GpuLike(v) if isinstance(v, torch.Tensor) and field_side(k) != CPU else v
+            k: (
+                v
+                if not isinstance(v, torch.Tensor)
+                else v.as_subclass(PinnedLike)
+                if field_side(k) == CPU
+                else GpuLike(v)
+            )
             for k, v in values.items()
         }
     declared = {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
@@ -212,7 +237,7 @@ def _state(metadata: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     for f in dataclasses.fields(metadata):
         value = getattr(metadata, f.name, None)
         if isinstance(value, torch.Tensor):
-            inner = _unwrap(value)
+            inner = _unwrap(value).as_subclass(torch.Tensor)
             held[f.name] = (inner, inner.clone())
     return held
 
@@ -242,21 +267,22 @@ class Finding:
 
 def probe(builder_cls: type, capture: Any = None) -> Finding:
     """Run ``capture`` (default: the class's own, through the MRO) as a
-    ``builder_cls`` on both device paths."""
+    ``builder_cls`` on both device paths, for every probe batch."""
     fn = capture if capture is not None else builder_cls.build_for_cudagraph_capture
     written: set[str] = set()
-    for path in PATHS:
-        metadata = probe_metadata(path)
-        before = _state(metadata)
-        device = CUDA if path == "gpu" else torch.device("cpu")
-        try:
-            # On both paths: a capture that asks for CUDA gets a GpuLike, and
-            # one that would initialise CUDA/HIP stops the probe instead.
-            with _no_cuda_init(), _CudaOnCpu():
-                fn(bare_builder(builder_cls, device), metadata)
-        except Exception as e:
+    for query_lens in PROBE_BATCHES:
+        for path in PATHS:
+            metadata = probe_metadata(path, query_lens)
+            before = _state(metadata)
+            device = CUDA if path == "gpu" else torch.device("cpu")
+            try:
+                # On both paths: a capture that asks for CUDA gets a GpuLike,
+                # and one that would initialise CUDA/HIP stops the probe.
+                with _no_cuda_init(), _CudaOnCpu():
+                    fn(bare_builder(builder_cls, device), metadata)
+            except Exception as e:
+                written |= _written(before)
+                why = f"{path} path: {type(e).__name__}: {str(e)[:160]}"
+                return Finding(frozenset(written), False, why)
             written |= _written(before)
-            why = f"{path} path: {type(e).__name__}: {str(e)[:160]}"
-            return Finding(frozenset(written), False, why)
-        written |= _written(before)
     return Finding(frozenset(written), True)

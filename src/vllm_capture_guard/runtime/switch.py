@@ -60,8 +60,9 @@ _WORDS = {
 
 
 def _echo(raw: str) -> str:
-    shown = raw if len(raw) <= ECHO_LIMIT else raw[:ECHO_LIMIT] + "..."
-    return repr(shown)
+    """``repr(raw)``, cut to at most ECHO_LIMIT characters."""
+    shown = repr(raw)
+    return shown if len(shown) <= ECHO_LIMIT else shown[: ECHO_LIMIT - 3] + "..."
 
 
 def read_mode(environ: Mapping[str, str] | None = None) -> tuple[Mode, str | None]:

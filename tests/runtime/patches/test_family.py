@@ -34,6 +34,7 @@ def rocm(unpatched, zeroes_cpu_offsets):
         pytest.skip("this vLLM's ROCm capture leaves the CPU offsets alone")
     from vllm.v1.attention.backends import rocm_attn
 
+    gc.collect()  # classes other tests derived must not join the family
     yield rocm_attn
     gc.collect()  # let the derived classes leave __subclasses__()
 
@@ -130,3 +131,37 @@ def test_per_patch_switch_leaves_that_patch_out(rocm, monkeypatch):
     assert base.__dict__[METHOD] is capture
     other = by_name("rocm-aiter-unified-builder")
     assert other.apply().status is not Status.DISABLED
+
+
+def test_subclass_defined_later_is_checked_when_defined(rocm):
+    base = rocm.RocmAttentionMetadataBuilder
+    capture = base.__dict__[METHOD]
+    seen = []
+    PATCH.notify = seen.append
+    try:
+        assert PATCH.apply().status is Status.PATCHED
+        later = type("LaterVendorBuilder", (base,), {METHOD: capture})
+        assert is_guarded(later.__dict__[METHOD])
+        assert probe(later).proves_untouched(FIELD)
+        (outcome,) = seen
+        assert (
+            outcome.status is Status.PATCHED and "LaterVendorBuilder" in outcome.detail
+        )
+        clean = type("LaterCleanBuilder", (base,), {})
+        assert METHOD not in clean.__dict__
+        assert PATCH.revert()
+        assert "__init_subclass__" not in base.__dict__
+        after = type("AfterRevertBuilder", (base,), {METHOD: capture})
+        assert after.__dict__[METHOD] is capture
+    finally:
+        PATCH.notify = None
+
+
+def test_our_own_aiter_builder_is_never_wrapped(rocm):
+    aiter = by_name("rocm-aiter-unified-builder")
+    assert PATCH.apply().status is Status.PATCHED
+    assert aiter.apply().status is Status.PATCHED
+    ours = aiter.backend().get_builder_cls()
+    assert PATCH.apply().status is Status.ALREADY
+    assert METHOD in ours.__dict__ and not is_guarded(ours.__dict__[METHOD])
+    assert aiter.revert() and PATCH.revert()

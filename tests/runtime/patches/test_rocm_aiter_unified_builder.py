@@ -169,3 +169,25 @@ def test_backport_survives_a_spawn_boundary(tmp_path, aiter_zeroes_offsets):
     kind, error, message = out["False"]
     assert (kind, error) == ("error", "BackportUnavailable"), out
     assert "load_general_plugins" in message and "vllm-capture-guard" in message
+
+
+def test_backport_capture_writes_no_offsets_at_all(affected):
+    """Not zero-then-restore: a host write to the runner's pinned offsets
+    could race the non-blocking copy vLLM issued just before capture. With
+    mocks, any call on the offsets would be recorded."""
+    from unittest.mock import MagicMock
+
+    import torch
+
+    PATCH.apply()
+    cls = sc.backend_class(sc.ROCM_AITER_UNIFIED_ATTN).get_builder_cls()
+    builder = object.__new__(cls)
+    metadata = MagicMock()
+    metadata.seq_lens = torch.tensor([9, 9], dtype=torch.int32)
+    builder.build = MagicMock(return_value=metadata)
+    common = MagicMock()
+    assert builder.build_for_cudagraph_capture(common) is metadata
+    builder.build.assert_called_once_with(0, common)
+    assert metadata.seq_lens.tolist() == [1, 1]
+    assert common.query_start_loc.method_calls == []
+    assert common.query_start_loc_cpu.method_calls == []

@@ -29,6 +29,7 @@ import dataclasses
 import enum
 import functools
 import importlib
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -154,20 +155,40 @@ class Patch:
     def import_target(self) -> Any:
         return importlib.import_module(self.modules[0])
 
+    def _unavailable(self) -> Outcome | None:
+        """UNAVAILABLE if the main module cannot be imported at all (0.33's
+        AITER module asks the GPU at import); None once it is imported."""
+        if self.modules[0] in sys.modules:
+            return None
+        try:
+            self.import_target()
+        except Exception as e:
+            why = f"cannot import {self.modules[0]}: {type(e).__name__}: {e}"
+            return Outcome(self.name, Status.UNAVAILABLE, why[:300])
+        return None
+
     def inspect(self) -> Outcome:
-        """What this vLLM needs; changes nothing."""
+        """What this vLLM needs; changes nothing. A vLLM that cannot be
+        checked gives FAILED, with the reason."""
         with LOCK:
+            missing = self._unavailable()
+            if missing is not None:
+                return missing
             try:
                 plan = self.plan()
-            except ImportError as e:
-                return Outcome(self.name, Status.UNAVAILABLE, f"cannot import: {e}")
+            except Exception as e:
+                return Outcome(self.name, Status.FAILED, f"{type(e).__name__}: {e}")
             return Outcome(self.name, plan.status, plan.detail, plan.warning)
 
     #: Set by :meth:`revert`: the plugin's hooks then leave this patch out.
     reverted: bool = False
+    #: Called with an :class:`Outcome` when the patch acts on its own later
+    #: (a class defined after its module was imported); set by the plugin.
+    notify: Callable[[Outcome], None] | None = None
 
     def apply(self) -> Outcome:
-        """Inspect, then install what is needed. Idempotent."""
+        """Inspect, then install what is needed. Idempotent. Raises only when
+        the installed vLLM can neither be checked nor fixed blindly."""
         with LOCK:
             self.reverted = False
             if self.name in switch.disabled_patches():
@@ -176,11 +197,12 @@ class Patch:
                     Status.DISABLED,
                     f"listed in {switch.DISABLE_ENV}; vLLM's code is unchanged",
                 )
+            missing = self._unavailable()
+            if missing is not None:
+                return missing
             try:
                 plan = self.plan()
-            except ImportError as e:
-                return Outcome(self.name, Status.UNAVAILABLE, f"cannot import: {e}")
-            except Exception as e:
+            except Exception as e:  # fail closed where the patch can
                 plan = self.fallback(e)
             if plan.status is not Status.NEEDED:
                 return Outcome(self.name, plan.status, plan.detail, plan.warning)

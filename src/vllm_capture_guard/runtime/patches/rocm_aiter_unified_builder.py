@@ -35,10 +35,12 @@ Detected:
 
 How:
     ``get_builder_cls()`` returns a subclass of the class it returned before,
-    named like upstream's. Its capture runs the inherited one (so ``seq_lens``
-    is still set to 1, ``build()`` is the very same function and is called as
-    ``self.build(0, common_attn_metadata)``) and then puts the caller's
-    ``query_start_loc`` and ``query_start_loc_cpu`` values back. ROCM_ATTN
+    named like upstream's. Its capture does what upstream's does: it calls
+    ``self.build(0, common_attn_metadata)`` (the inherited ``build()``, the
+    very same function), sets the returned ``seq_lens`` to 1, and writes
+    nothing else. It does not zero the offsets and put them back: a host
+    write to the runner's pinned ``query_start_loc_cpu`` could race the
+    non-blocking copy to the device that vLLM issued just before. ROCM_ATTN
     keeps its own builder and its #25985 guard.
 
     Code written for 0.29.0 finds the class where upstream put it: it is also
@@ -66,7 +68,6 @@ from vllm_capture_guard.runtime.patches import (
     Plan,
     Status,
     is_guarded,
-    original_of,
 )
 
 MODULE = "vllm.v1.attention.backends.rocm_aiter_unified_attn"
@@ -79,14 +80,15 @@ _displaced: list[Any] = []
 
 
 def _own_builder(parent: type, pr: str) -> type:
-    """The backend's own builder: ``parent``'s capture, offsets left alone."""
-    from vllm_capture_guard.runtime.contract import preserved
+    """The backend's own builder: what upstream's does, as a ``parent``."""
 
-    capture = original_of(parent.build_for_cudagraph_capture)
-
-    def build_for_cudagraph_capture(self, common_attn_metadata, *args, **kwargs):
-        with preserved(common_attn_metadata, *FIELDS):
-            return capture(self, common_attn_metadata, *args, **kwargs)
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        # Capture with sequence lengths of 1 (as every ROCm capture does) and
+        # write nothing else: the AITER unified kernel reads the caller's
+        # query_start_loc at replay, and later builders read the CPU copy.
+        attn_metadata = self.build(0, common_attn_metadata)
+        attn_metadata.seq_lens.fill_(1)
+        return attn_metadata
 
     build_for_cudagraph_capture.__qualname__ = f"{BUILDER}.build_for_cudagraph_capture"
     return type(
@@ -95,8 +97,8 @@ def _own_builder(parent: type, pr: str) -> type:
         {
             "__module__": __name__,
             "__qualname__": BUILDER,
-            "__doc__": f"{parent.__name__} whose capture keeps the query offsets "
-            f"(vllm-capture-guard backport of PR {pr}).",
+            "__doc__": f"{parent.__name__} whose capture leaves the query offsets "
+            f"alone (vllm-capture-guard backport of PR {pr}).",
             "build_for_cudagraph_capture": build_for_cudagraph_capture,
         },
     )

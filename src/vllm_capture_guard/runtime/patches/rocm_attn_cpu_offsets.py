@@ -45,8 +45,10 @@ How:
     resolved before, run unchanged (the #25985 guard included), after which the
     values of the caller's ``query_start_loc_cpu`` are put back. The device
     ``query_start_loc`` stays zeroed, as in 0.29.0. ``build()``, the serving
-    hot path, is not touched. Classes that appear later (a vendor backend
-    module imported afterwards) are checked when vLLM imports their module.
+    hot path, is not touched. Where the base class needed the fix, a class
+    derived from it later (a vendor backend module imported afterwards) is
+    checked, and fixed if need be, when it is defined; registry backends'
+    modules imported later are checked when vLLM imports them.
 
 Delete when:
     The oldest vLLM this project supports is 0.29.0 or newer.
@@ -54,11 +56,15 @@ Delete when:
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from typing import Any
 
 from vllm_capture_guard.runtime.patches import (
+    LOCK,
+    MARKER,
+    Outcome,
     Patch,
     Plan,
     Status,
@@ -71,6 +77,7 @@ MODULE = "vllm.v1.attention.backends.rocm_attn"
 CLASS = "RocmAttentionMetadataBuilder"
 BACKEND = "RocmAttentionBackend"
 METHOD = "build_for_cudagraph_capture"
+SUBCLASS_HOOK = "__init_subclass__"
 FIELD = "query_start_loc_cpu"
 REGISTRY = "vllm.v1.attention.backends.registry"
 #: Our own classes (the AITER backport) are never family members to wrap.
@@ -100,11 +107,17 @@ def _keep_cpu_offsets(original: Any) -> Any:
     return build_for_cudagraph_capture
 
 
+def _ours(cls: type) -> bool:
+    return cls.__module__.startswith(OURS)
+
+
 def _subclasses(cls: type) -> list[type]:
+    if _ours(cls):
+        return []
     seen, order, todo = {cls}, [cls], [cls]
     while todo:
         for sub in todo.pop(0).__subclasses__():
-            if sub not in seen and not sub.__module__.startswith(OURS):
+            if sub not in seen and not _ours(sub):
                 seen.add(sub)
                 order.append(sub)
                 todo.append(sub)
@@ -227,6 +240,9 @@ class RocmAttnCpuOffsets(Patch):
         return registry_modules()
 
     def install(self, plan: Plan) -> str:
+        base = getattr(sys.modules.get(MODULE), CLASS, None)
+        if isinstance(base, type) and base in plan.data:
+            self._watch_subclasses(base)
         done = []
         for cls in plan.data:  # base classes first: a subclass that only
             if not is_guarded(getattr(cls, METHOD)):  # inherits needs nothing
@@ -235,11 +251,82 @@ class RocmAttnCpuOffsets(Patch):
         names = ", ".join(done)
         return f"{names}.{METHOD} keeps {FIELD} (backport of PR {self.pr})"
 
+    def _watch_subclasses(self, base: type) -> None:
+        """Check every subclass defined from now on (a vendor backend module
+        imported later), when it is defined. Only where the base itself
+        needed the fix: on a fixed vLLM its classes stay untouched."""
+        current = base.__dict__.get(SUBCLASS_HOOK)
+        if current is not None and is_guarded(current):
+            return
+        own = current
+        patch = self
+
+        def __init_subclass__(cls, **kwargs):  # noqa: N807
+            if own is not None:
+                own.__get__(None, cls)(**kwargs)
+            else:
+                super(base, cls).__init_subclass__(**kwargs)
+            patch.adopt(cls)
+
+        setattr(__init_subclass__, MARKER, own)
+        setattr(base, SUBCLASS_HOOK, classmethod(__init_subclass__))
+
+    def adopt(self, cls: type) -> None:
+        """Check one class defined after the patch was installed. Never
+        raises: this runs inside a ``class`` statement of vLLM or a vendor."""
+        from vllm_capture_guard.runtime.probe import probe
+
+        try:
+            with LOCK:
+                if self.reverted or _ours(cls):
+                    return
+                capture = getattr(cls, METHOD, None)
+                if capture is None or is_guarded(capture):
+                    return
+                finding = probe(cls)
+                if finding.proves_untouched(FIELD):
+                    return
+                wrap_method(cls, METHOD, _keep_cpu_offsets)
+                warning = None
+                if not finding.complete:
+                    warning = (
+                        f"could not prove that the capture of {cls.__qualname__} "
+                        f"({finding.reason}) leaves {FIELD} alone, so it now keeps "
+                        f"{FIELD} as vLLM 0.29.0 does"
+                    )
+                outcome = Outcome(
+                    self.name,
+                    Status.PATCHED,
+                    f"{cls.__name__}.{METHOD} keeps {FIELD} (defined after "
+                    f"{MODULE} was imported; backport of PR {self.pr})",
+                    warning,
+                )
+            if self.notify is not None:
+                self.notify(outcome)
+        except Exception as e:
+            if self.notify is not None:
+                with contextlib.suppress(Exception):
+                    self.notify(
+                        Outcome(
+                            self.name,
+                            Status.FAILED,
+                            f"could not check {cls.__qualname__}: "
+                            f"{type(e).__name__}: {e}",
+                        )
+                    )
+
     def uninstall(self) -> bool:
         module = sys.modules.get(MODULE)
         base = getattr(module, CLASS, None)
         if base is None:
             return False
+        hook = base.__dict__.get(SUBCLASS_HOOK)
+        if hook is not None and is_guarded(hook):
+            own = getattr(hook.__func__, MARKER)
+            if own is None:
+                delattr(base, SUBCLASS_HOOK)
+            else:
+                setattr(base, SUBCLASS_HOOK, own)
         undone = False
         for cls in reversed(_subclasses(base)):
             undone |= unwrap_method(cls, METHOD)
