@@ -83,9 +83,20 @@ def vllm_version() -> str:
 @pytest.fixture
 def unpatched():
     """Undo whatever the test patched in this process."""
-    from vllm_capture_guard.runtime.patches.registry import PATCHES
+    from vllm_capture_guard.runtime.patches import PATCHES
 
     yield
     for patch in reversed(PATCHES):
         with contextlib.suppress(Exception):
             patch.revert()
+
+
+def rocm_capture_writes_cpu_offsets() -> bool:
+    """Does this vLLM's own ``ROCM_ATTN`` capture (unguarded: the pytest
+    process never loads the guard) write ``query_start_loc_cpu``?"""
+    from vllm_capture_guard.tools import harness
+
+    config = harness.make_vllm_config(0)
+    builder = harness.attention_builder("ROCM_ATTN", config)
+    run = harness.capture([("attention", builder)], harness.Batch(4))
+    return "query_start_loc_cpu" in [w.field for w in run.groups[0].writes]
