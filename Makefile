@@ -55,7 +55,7 @@ oracle: envs
 bench: env
 	$(PY) benchmarks/bench_guard.py
 
-# Every registered attention backend's capture on shared metadata (issue 4).
+# Every registered attention backend's capture on shared metadata.
 audit: env
 	$(VENV)/bin/vllm-capture-guard audit
 
