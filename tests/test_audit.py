@@ -58,6 +58,22 @@ def test_compare_classes_differences_by_where_they_are(indexer):
     assert run.classify(diffs.values()) == "host"
 
 
+def test_host_tensor_values_count_as_host_device_ones_as_device():
+    import torch
+
+    from vllm_capture_guard.runtime.contract import encode
+
+    def built(k: int):
+        lens = torch.arange(3) + k
+        return encode({"metadata": {"lens_cpu": lens, "lens": lens}, "builder": {}})
+
+    found = {d.path: d.severity for d in run.compare_built(built(0), built(1))}
+    assert found == {
+        "metadata.lens_cpu": Severity.HOST,
+        "metadata.lens": Severity.DEVICE,
+    }
+
+
 # -- the audit in this process -------------------------------------------------
 
 

@@ -38,14 +38,20 @@ import numpy as np
 import torch
 
 
-class Side(str, enum.Enum):
+class Choice(str, enum.Enum):
+    """A string enum whose text is its value (``enum.StrEnum`` before 3.11)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+class Side(Choice):
     """Where a value lives for the kernels: host memory or the device."""
 
     CPU = "cpu"
     DEVICE = "device"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 CPU = Side.CPU
@@ -211,7 +217,7 @@ def encode(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) -> 
     return {"kind": kind, "type": type(value).__qualname__, "fields": fields}
 
 
-class Change(str, enum.Enum):
+class Change(Choice):
     """What differs at one path of two encoded values."""
 
     VALUES = "values"  # a tensor's or array's values (same dtype and shape)
@@ -219,9 +225,6 @@ class Change(str, enum.Enum):
     TYPE = "type"  # a class name, or one side is not the same kind of thing
     SCALAR = "scalar"  # a Python value
     MISSING = "missing"  # a field or key only one side has
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclasses.dataclass(frozen=True)

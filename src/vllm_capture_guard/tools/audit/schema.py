@@ -10,13 +10,12 @@ Every value the JSON carries is a field here; nothing is computed on output.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Any
 
-from vllm_capture_guard.runtime.contract import FieldWrite
+from vllm_capture_guard.runtime.contract import Choice, FieldWrite
 
 
-class Severity(str, enum.Enum):
+class Severity(Choice):
     """How a later builder's metadata after a capture differs from alone."""
 
     #: it raises after this capture (and not alone): startup dies.
@@ -31,15 +30,12 @@ class Severity(str, enum.Enum):
     EQUAL = "equal"
     NOT_APPLICABLE = "n/a"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 #: Worst first.
 SEVERITY = tuple(Severity)
 
 
-class Verdict(str, enum.Enum):
+class Verdict(Choice):
     """A backend's verdict, worst first."""
 
     HAZARD = "HAZARD"
@@ -48,16 +44,10 @@ class Verdict(str, enum.Enum):
     CLEAN = "clean"
     NOT_RUN = "not run"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Built(str, enum.Enum):
+class Built(Choice):
     BUILT = "built"
     SKIPPED = "skipped"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclasses.dataclass

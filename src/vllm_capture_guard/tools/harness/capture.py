@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import traceback
 from collections.abc import Sequence
 from copy import copy
@@ -28,21 +29,29 @@ from typing import Any
 from vllm_capture_guard.runtime.contract import FieldWrite, encode, snapshot
 from vllm_capture_guard.tools.harness.runner import Batch, shared_metadata
 
+#: An absolute path up to a package folder named ``vllm``.
+_INSTALL_PREFIX = re.compile(r"(?:[A-Za-z]:)?[/\\][^\s'\"()]*?[/\\](?=vllm[/\\])")
+
 
 def error_text(exc: BaseException) -> str:
-    """``"Type: message"`` (``"Type"`` when the message is empty)."""
-    return f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+    """``"Type: message"`` (``"Type"`` when the message is empty), with the
+    install location cut from any path into vLLM (``vllm/...``), so that what
+    is written down names no machine's folders."""
+    text = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+    return _INSTALL_PREFIX.sub("", text)
 
 
 def error_site(exc: BaseException) -> tuple[str, str]:
-    """Where inside vLLM ``exc`` was raised: ``("vllm/...py:LINE", source)``."""
+    """Where inside vLLM ``exc`` was raised: ``("vllm/...py:LINE", source)``
+    (outside vLLM: the file's name only)."""
     frames = traceback.extract_tb(exc.__traceback__)
     inside = [f for f in frames if f"{os.sep}vllm{os.sep}" in f.filename]
     if not frames:
         return "?", ""
     frame = (inside or frames)[-1]
     parts = Path(frame.filename).parts
-    rel = "/".join(parts[parts.index("vllm") :]) if "vllm" in parts else frame.filename
+    # relative to the package, never the machine's folders
+    rel = "/".join(parts[parts.index("vllm") :]) if "vllm" in parts else parts[-1]
     return f"{rel}:{frame.lineno}", (frame.line or "").strip()
 
 

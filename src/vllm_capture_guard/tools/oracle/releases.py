@@ -28,16 +28,18 @@ def src_dir() -> Path:
     return Path(vllm_capture_guard.__file__).resolve().parents[1]
 
 
-def env_dir(version: str, envs: str | os.PathLike | None = None) -> Path | None:
+def env_dir(version: str | None, envs: str | os.PathLike | None = None) -> Path | None:
     """``<envs>/vllm-<version>`` if it exists, else None (the interpreter's
-    own vLLM is meant)."""
+    own vLLM is meant, as with ``version=None``)."""
+    if version is None:
+        return None
     root = Path(envs or os.environ.get(ENVS_VAR) or DEFAULT_ENVS)
     path = root / f"vllm-{version}"
     return path.resolve() if path.is_dir() else None
 
 
 def env_for(
-    version: str,
+    version: str | None,
     overrides: Mapping[str, str | None] | None = None,
     envs: str | os.PathLike | None = None,
 ) -> dict[str, str]:
@@ -61,7 +63,7 @@ def env_for(
 
 
 def run_in(
-    version: str,
+    version: str | None,
     args: Sequence[str],
     overrides: Mapping[str, str | None] | None = None,
     envs: str | os.PathLike | None = None,
