@@ -50,7 +50,7 @@ def run(guard: str, release: str | None) -> Run:
     command as a reader would type it)."""
     args = ["-m", "vllm_capture_guard", "audit", "--json"]
     t0 = time.perf_counter()
-    proc = releases.run_in(release or "venv", args, {switch.ENV: guard})
+    proc = releases.run_in(release, args, {switch.ENV: guard})
     wall = time.perf_counter() - t0
     if proc.returncode not in (0, 1):
         sys.exit(f"audit failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

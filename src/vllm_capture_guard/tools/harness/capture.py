@@ -27,7 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from vllm_capture_guard.runtime.contract import FieldWrite, encode, snapshot
-from vllm_capture_guard.tools.harness.runner import Batch, shared_metadata
+from vllm_capture_guard.tools.harness.runner import (
+    Batch,
+    RunnerBuffers,
+    shared_metadata,
+)
 
 #: An absolute path up to a package folder named ``vllm``.
 _INSTALL_PREFIX = re.compile(r"(?:[A-Za-z]:)?[/\\][^\s'\"()]*?[/\\](?=vllm[/\\])")
@@ -110,15 +114,23 @@ def capture(
     batch: Batch | None = None,
     *,
     metadata: Any = None,
+    buffers: RunnerBuffers | None = None,
     device: Any = "cpu",
     record: bool = False,
     raise_errors: bool = False,
 ) -> CaptureRun:
     """Run each ``(group, builder)``'s capture in order, each on a shallow
-    copy of one shared metadata: ``metadata`` if given, else fresh runner
-    buffers filled with ``batch``. Stops after the first builder that raises
-    (startup would die there), or re-raises if ``raise_errors``."""
-    base = metadata if metadata is not None else shared_metadata(batch, device)
+    copy of one shared metadata: ``metadata`` if given, else ``buffers``
+    (fresh runner buffers if None) filled with ``batch``. Stops after the
+    first builder that raises (startup would die there), or re-raises if
+    ``raise_errors``."""
+    if metadata is not None:
+        base = metadata
+    elif buffers is not None:
+        buffers.fill(batch)
+        base = buffers.common_metadata(batch)
+    else:
+        base = shared_metadata(batch, device)
     names = _fields(base)
     groups: list[GroupCapture] = []
     for group, builder in builders:
