@@ -238,9 +238,6 @@ class Difference:
     b: str
     side: Side | None = None
 
-    def __str__(self) -> str:
-        return f"{self.path}: {self.a} -> {self.b}"
-
 
 def _is_array(v: Any) -> bool:
     return isinstance(v, dict) and v.get("kind") in ("tensor", "ndarray")

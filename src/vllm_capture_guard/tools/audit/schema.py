@@ -59,9 +59,6 @@ class Divergence:
     alone: str
     sequenced: str
 
-    def __str__(self) -> str:
-        return f"{self.path} ({self.severity}): {self.alone} -> {self.sequenced}"
-
 
 @dataclasses.dataclass
 class BatchCheck:
