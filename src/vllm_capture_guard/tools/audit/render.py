@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from vllm_capture_guard.runtime import switch
 from vllm_capture_guard.runtime.contract import FieldWrite
 from vllm_capture_guard.tools.audit.schema import (
     AuditResult,
@@ -32,9 +33,8 @@ def coverage_line(result: AuditResult) -> str:
 
 
 def guard_line(result: AuditResult) -> str:
-    return (
-        f"VLLM_CAPTURE_GUARD={result.guard_mode}; guard: {result.guard or 'not loaded'}"
-    )
+    guard = result.guard or "not loaded"
+    return f"{switch.ENV}={result.guard_mode}; guard: {guard}"
 
 
 def verdict_line(result: AuditResult) -> str:
