@@ -7,7 +7,7 @@ differ find what differs."""
 from __future__ import annotations
 
 import ast
-import importlib.util
+import importlib.metadata
 from copy import copy
 from pathlib import Path
 
@@ -68,18 +68,26 @@ SIDES = {
 }
 
 
+def _backend_source(release: str) -> Path | None:
+    """vLLM ``release``'s ``v1/attention/backend.py``: from an installed
+    distribution on ``sys.path`` (the venv's own, or one put first), else
+    from ``.envs/vllm-<release>``."""
+    relative = Path("vllm") / "v1" / "attention" / "backend.py"
+    for dist in importlib.metadata.distributions():
+        if dist.metadata["Name"] == "vllm" and dist.version == release:
+            path = Path(dist.locate_file(relative))
+            if path.is_file():
+                return path
+    folder = env_dir(release)
+    return None if folder is None else folder / relative
+
+
 def _declared_fields(release: str) -> list[str] | None:
     """The field names a release's CommonAttentionMetadata declares, read
     from its source (no import: each release lives in its own folder)."""
-    folder = env_dir(release)
-    if folder is None:
-        spec = importlib.util.find_spec("vllm")
-        from importlib.metadata import version
-
-        if version("vllm") != release:
-            return None
-        folder = Path(spec.origin).parents[1]
-    source = folder / "vllm" / "v1" / "attention" / "backend.py"
+    source = _backend_source(release)
+    if source is None:
+        return None
     for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.ClassDef) and node.name == "CommonAttentionMetadata":
             return [
