@@ -4,6 +4,7 @@ a well-behaved one passes with its device writes reported."""
 
 from __future__ import annotations
 
+import importlib
 import textwrap
 
 import pytest
@@ -83,7 +84,11 @@ def test_rocm_builder_is_caught_exactly_when_it_writes_cpu_offsets(config, unpat
     if affected:
         with pytest.raises(AssertionError, match="query_start_loc_cpu"):
             assert_capture_keeps_shared_cpu_metadata(builder, warn=False)
-    for patch in PATCHES:
+    for patch in PATCHES:  # as the plugin's hooks do: once vLLM imported it
+        try:
+            importlib.import_module(patch.modules[0])
+        except Exception:  # 0.33's AITER module asks the GPU at import
+            continue
         patch.apply()
     with pytest.warns(SharedMetadataWriteWarning) as record:
         assert_capture_keeps_shared_cpu_metadata(builder)
