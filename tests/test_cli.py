@@ -44,3 +44,15 @@ def test_check_passes_with_the_guard_on():
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "ROCM_ATTN: PASS" in proc.stdout
     assert "FAIL" not in proc.stdout
+
+
+def test_tools_judge_the_rocm_path_under_auto_only():
+    from vllm_capture_guard.tools.guard import judge_rocm_path
+
+    env: dict[str, str] = {}
+    assert judge_rocm_path(env).startswith("auto")
+    assert env == {"VLLM_CAPTURE_GUARD": "on"}
+    for mode in ("off", "on"):
+        env = {"VLLM_CAPTURE_GUARD": mode}
+        assert judge_rocm_path(env) == mode
+        assert env == {"VLLM_CAPTURE_GUARD": mode}
