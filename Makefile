@@ -62,7 +62,7 @@ bench: env
 	$(PY) benchmarks/bench_guard.py
 	$(PY) benchmarks/bench_tree.py
 
-# Every registered attention backend's capture on shared metadata (issue 4).
+# Every registered attention backend's capture on shared metadata.
 audit: env
 	$(VENV)/bin/vllm-capture-guard audit
 

@@ -13,18 +13,21 @@ environment, so ``PYTHONPATH=src:/path/to/other/vllm`` benchmarks another vLLM.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from vllm_capture_guard.tools.audit.schema import from_json  # noqa: E402
 
 TARGET_S = 30.0
 
 
-def once() -> tuple[float, float, dict]:
+def once() -> tuple[float, float, object]:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     env.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -41,7 +44,7 @@ def once() -> tuple[float, float, dict]:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode not in (0, 1):
         sys.exit(f"audit failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall, cpu, json.loads(proc.stdout)
+    return wall, cpu, from_json(proc.stdout)
 
 
 def main() -> int:
@@ -49,17 +52,17 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     walls, cpus = [], []
-    out: dict = {}
+    out = None
     for _ in range(args.repeat):
         wall, cpu, out = once()
         walls.append(wall)
         cpus.append(cpu)
-    t = out["timings"]
+    t = out.timings
     wall = statistics.median(walls)
-    print(f"vLLM {out['vllm']}, {os.cpu_count()} CPUs, guard: {out['guard_mode']}")
+    print(f"vLLM {out.vllm}, {os.cpu_count()} CPUs, guard: {out.guard_mode}")
     print(
-        f"coverage: built {out['built']} of {out['registered']} registered "
-        f"backends; {out['captured']} captured"
+        f"coverage: built {out.built} of {out.registered} registered "
+        f"backends; {out.captured} captured"
     )
     print(
         f"full audit, fresh interpreter: {wall:.1f} s wall (median of "

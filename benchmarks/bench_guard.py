@@ -54,18 +54,15 @@ def _per_call_us(fn, builder, metadata) -> float:
 
 def capture_cost() -> list[tuple[str, float, float]]:
     from vllm_capture_guard.runtime.patches import PATCHES, original_of
-    from vllm_capture_guard.tools import scenarios as sc
+    from vllm_capture_guard.tools import harness as sc
 
     for patch in PATCHES:
         patch.apply()
     config = sc.make_vllm_config()
     rows = []
-    for backend in sc.ROCM_BACKENDS:
+    for backend in sc.seed_backends():
         builder = sc.attention_builder(backend, config)
-        buffers = sc.RunnerBuffers()
-        batch = sc.Batch(16, query_len=4)
-        buffers.fill(batch)
-        metadata = buffers.common_metadata(batch)
+        metadata = sc.shared_metadata(sc.Batch(16, query_len=4))
         guarded = type(builder).build_for_cudagraph_capture
         unguarded = _unguarded_capture(type(builder), original_of)
         base = _per_call_us(unguarded, builder, metadata)
@@ -88,17 +85,17 @@ def hot_path_identity() -> list[tuple[str, bool]]:
     import importlib
 
     from vllm_capture_guard.runtime.patches import PATCHES
-    from vllm_capture_guard.tools import scenarios as sc
+    from vllm_capture_guard.tools import harness as sc
 
     for patch in reversed(PATCHES):
         patch.revert()
-    before = {b: sc.backend_class(b).get_builder_cls().build for b in sc.ROCM_BACKENDS}
+    backends = sc.seed_backends()
+    before = {b: sc.backend_class(b).get_builder_cls().build for b in backends}
     for patch in PATCHES:
         patch.apply()
     importlib.invalidate_caches()
     return [
-        (b, sc.backend_class(b).get_builder_cls().build is before[b])
-        for b in sc.ROCM_BACKENDS
+        (b, sc.backend_class(b).get_builder_cls().build is before[b]) for b in backends
     ]
 
 

@@ -3,49 +3,61 @@
 audit --json``: vLLM as released (``VLLM_CAPTURE_GUARD=off``) and with the
 guard (``on``). Every statement in the page is derived from those runs.
 
-    python scripts/audit_docs.py                       # the vLLM this python sees
-    PYTHONPATH=src:/work/envs/vllm-0.33.0 python scripts/audit_docs.py
+    python scripts/audit_docs.py                    # the venv's own vLLM
+    python scripts/audit_docs.py --release 0.33.0   # .envs/vllm-0.33.0
 
-The runs inherit the environment (PYTHONPATH included), so the page audits the
-same vLLM that ``python -m vllm_capture_guard audit`` would.
+The page names only repository-relative paths and commands a reader can type:
+no interpreter path, no PYTHONPATH of this machine. The JSON is read through
+the audit's schema (``vllm_capture_guard.tools.audit.schema``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SEVERITY = ("fails", "host", "device", "builder", "equal", "n/a")
+sys.path.insert(0, str(ROOT / "src"))
+
+from vllm_capture_guard.runtime import switch  # noqa: E402
+from vllm_capture_guard.tools.audit.schema import (  # noqa: E402
+    AuditResult,
+    BackendReport,
+    Built,
+    Severity,
+    from_json,
+)
+from vllm_capture_guard.tools.oracle import releases  # noqa: E402
+
 WORDS = {
-    "fails": "**fails**",
-    "host": "**host values differ**",
-    "device": "device values differ",
-    "builder": "own buffer differs",
-    "equal": "equal",
-    "n/a": "n/a",
+    Severity.FAILS: "**fails**",
+    Severity.HOST: "**host values differ**",
+    Severity.DEVICE: "device values differ",
+    Severity.BUILDER: "own buffer differs",
+    Severity.EQUAL: "equal",
+    Severity.NOT_APPLICABLE: "n/a",
 }
 
+Run = tuple[int, AuditResult, float, str]
 
-def run(guard: str) -> tuple[int, dict[str, Any], float, str]:
-    env = dict(os.environ, VLLM_CAPTURE_GUARD=guard, HF_HUB_OFFLINE="1")
-    env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
-    cmd = [sys.executable, "-m", "vllm_capture_guard", "audit", "--json"]
+
+def run(guard: str, release: str | None) -> Run:
+    """``audit --json`` with the guard ``off`` or ``on``, in the venv or in
+    another release's environment; returns (exit, result, seconds, the
+    command as a reader would type it)."""
+    args = ["-m", "vllm_capture_guard", "audit", "--json"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = releases.run_in(release, args, {switch.ENV: guard})
     wall = time.perf_counter() - t0
     if proc.returncode not in (0, 1):
         sys.exit(f"audit failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    shown = f"VLLM_CAPTURE_GUARD={guard} python -m vllm_capture_guard audit --json"
-    if os.environ.get("PYTHONPATH"):
-        shown = f"PYTHONPATH={os.environ['PYTHONPATH']} {shown}"
-    return proc.returncode, json.loads(proc.stdout), wall, shown
+    shown = f"{switch.ENV}={guard} .venv/bin/vllm-capture-guard audit --json"
+    if release:
+        shown = f"PYTHONPATH=.envs/vllm-{release} {shown}"
+    return proc.returncode, from_json(proc.stdout), wall, shown
 
 
 def code(items: list[str]) -> str:
@@ -56,102 +68,103 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def main_table(out: dict[str, Any]) -> list[str]:
-    seconds = [s["name"] for s in out["seconds"] if not s["problem"]]
+def main_table(out: AuditResult) -> list[str]:
+    later = [s.name for s in out.later if not s.problem]
     head = ["backend", "builder", "CG support", "CPU writes", "device writes"]
-    head += [f"then {s}" for s in seconds] + ["verdict"]
+    head += [f"then {s}" for s in later] + ["verdict"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for b in out["backends"]:
-        if b["status"] != "built":
+    for b in out.backends:
+        if b.status != "built":
             continue
-        builder = (b["builder_class"] or "").rsplit(".", 1)[-1]
-        if not b["captured"]:
-            err = next((c["error"] for c in b["captures"] if c["error"]), "")
+        builder = (b.builder_class or "").rsplit(".", 1)[-1]
+        if not b.captured:
+            err = next((c.error for c in b.captures if c.error), "")
             builder += f" (capture raised: {err})"
-        by = {s["second"]: s["verdict"] for s in b["sequenced"]}
+        by = {s.later: s.verdict for s in b.sequenced}
         row = [
-            f"`{b['name']}`",
+            f"`{b.name}`",
             builder,
-            b["cudagraph_support"] or "?",
-            code(b["cpu_writes"]),
-            code(b["device_writes"]),
+            b.cudagraph_support or "?",
+            code(b.cpu_writes),
+            code(b.device_writes),
         ]
-        row += [WORDS[by.get(s, "n/a")] for s in seconds]
-        row.append(f"**{b['verdict']}**" if b["verdict"] == "HAZARD" else b["verdict"])
+        row += [WORDS[by.get(s, Severity.NOT_APPLICABLE)] for s in later]
+        row.append(f"**{b.verdict}**" if b.verdict == "HAZARD" else b.verdict)
         lines.append("| " + " | ".join(cell(c) for c in row) + " |")
     return lines
 
 
-def evidence(b: dict[str, Any]) -> list[str]:
-    """One bullet per second builder: what the sequenced check showed."""
+def evidence(b: BackendReport) -> list[str]:
+    """One bullet per later builder: what the sequenced check showed."""
     lines = []
-    for s in b["sequenced"]:
-        rows = s["per_batch"]
-        failed = [r for r in rows if r["verdict"] == "fails"]
-        text = f"then `{s['second']}`: {WORDS[s['verdict']]}"
+    for s in b.sequenced:
+        rows = s.per_batch
+        failed = [r for r in rows if r.verdict == "fails"]
+        text = f"then `{s.later}`: {WORDS[s.verdict]}"
         if failed:
-            text += f" in {len(failed)}/{len(rows)} batches: `{failed[0]['error']}`"
-        paths: dict[str, dict[str, Any]] = {}
+            text += f" in {len(failed)}/{len(rows)} batches: `{failed[0].error}`"
+        paths: dict[str, tuple[Any, str]] = {}
         for r in rows:
-            for d in r["differences"]:
-                paths.setdefault(d["path"], d | {"batch": r["batch"]})
+            for d in r.differences:
+                paths.setdefault(d.path, (d, r.batch))
         if paths:
             text += "; " + "; ".join(
-                f"`{p}` ({d['severity']}) {d['alone']} alone, {d['sequenced']} after"
-                f" [{d['batch']}]"
+                f"`{p}` ({d.severity}) {d.alone} alone, {d.sequenced} after"
+                f" [{batch}]"
                 + (
                     " (its own buffer, computed from the shared fields; no field "
                     "of its capture metadata references that part)"
-                    if d["severity"] == "builder"
+                    if d.severity == "builder"
                     else ""
                 )
-                for p, d in paths.items()
+                for p, (d, batch) in paths.items()
             )
         lines.append(f"  - {text}")
     return lines
 
 
-def assessment(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
+def assessment(off: AuditResult, on: AuditResult) -> list[str]:
     """Which writes are real hazards and which are harmless, with evidence."""
-    on_by = {(b["registry"], b["name"]): b for b in on["backends"]}
+    on_by = {(b.registry, b.name): b for b in on.backends}
+    empty = BackendReport("", "", Built.SKIPPED)
     lines = []
-    for b in off["backends"]:
-        if not (b["cpu_writes"] or b["device_writes"]):
+    for b in off.backends:
+        if not (b.cpu_writes or b.device_writes):
             continue
-        g = on_by.get((b["registry"], b["name"]), {})
+        g = on_by.get((b.registry, b.name), empty)
         writes = []
-        if b["cpu_writes"]:
-            writes.append(f"CPU {code(b['cpu_writes'])}")
-        if b["device_writes"]:
-            writes.append(f"device {code(b['device_writes'])}")
-        lines.append(f"- **`{b['name']}`** writes {' and '.join(writes)}.")
+        if b.cpu_writes:
+            writes.append(f"CPU {code(b.cpu_writes)}")
+        if b.device_writes:
+            writes.append(f"device {code(b.device_writes)}")
+        lines.append(f"- **`{b.name}`** writes {' and '.join(writes)}.")
         lines += evidence(b)
-        removed = [f for f in b["cpu_writes"] if f not in g.get("cpu_writes", [])]
-        if b["verdict"] == "HAZARD" and removed and g.get("verdict") != "HAZARD":
+        removed = [f for f in b.cpu_writes if f not in g.cpu_writes]
+        if b.verdict == "HAZARD" and removed and g.verdict != "HAZARD":
             lines.append(
                 f"  - With the guard the capture leaves {code(removed)} alone and "
-                f"the verdict is *{g.get('verdict')}*: the failure comes from the "
+                f"the verdict is *{g.verdict}*: the failure comes from the "
                 f"CPU write. **Real hazard: {code(removed)}.** "
                 + (
-                    f"The device writes {code(g.get('device_writes', []))} that "
+                    f"The device writes {code(g.device_writes)} that "
                     "remain are capture-time only."
-                    if g.get("device_writes")
+                    if g.device_writes
                     else ""
                 )
             )
-        elif b["verdict"] == "HAZARD":
+        elif b.verdict == "HAZARD":
             lines.append(
                 "  - **Real hazard**: a later builder fails or bakes different "
                 "host values into its graph."
             )
-        elif b["verdict"] == "capture-time only":
+        elif b.verdict == "capture-time only":
             lines.append(
                 "  - Harmless at replay: only device values differ for later "
                 "builders; the graph reads them by address and the runner "
                 "rewrites these buffers before every replay. Kernels run during "
                 "capture see them (not run here: needs a GPU)."
             )
-        elif b["verdict"] == "contained":
+        elif b.verdict == "contained":
             lines.append(
                 "  - Harmless for the builders tested: none of them builds "
                 "different metadata after this capture."
@@ -159,30 +172,31 @@ def assessment(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
     return lines or ["- No built backend writes shared metadata during capture."]
 
 
-def summary(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
+def summary(off: AuditResult, on: AuditResult) -> list[str]:
     """The plain answer: which writes are real hazards, which are harmless."""
-    on_by = {(b["registry"], b["name"]): b for b in on["backends"]}
+    on_by = {(b.registry, b.name): b for b in on.backends}
+    empty = BackendReport("", "", Built.SKIPPED)
     hazards, capture_time, contained = [], [], []
-    for b in off["backends"]:
-        fields = b["cpu_writes"] + b["device_writes"]
+    for b in off.backends:
+        fields = b.cpu_writes + b.device_writes
         if not fields:
             continue
-        g = on_by.get((b["registry"], b["name"]), {})
-        if b["verdict"] == "HAZARD":
-            fixed = g.get("verdict") != "HAZARD"
+        g = on_by.get((b.registry, b.name), empty)
+        if b.verdict == "HAZARD":
+            fixed = g.verdict != "HAZARD"
             hazards.append(
-                f"`{b['name']}` ({code(b['cpu_writes'] or fields)}"
+                f"`{b.name}` ({code(b.cpu_writes or fields)}"
                 + ("; the guard removes it" if fixed else "; the guard does not fix it")
                 + ")"
             )
-            if fixed and g.get("device_writes"):
+            if fixed and g.device_writes:
                 capture_time.append(
-                    f"`{b['name']}` ({code(g['device_writes'])}, with the guard)"
+                    f"`{b.name}` ({code(g.device_writes)}, with the guard)"
                 )
-        elif b["verdict"] == "capture-time only":
-            capture_time.append(f"`{b['name']}` ({code(b['device_writes'])})")
-        elif b["verdict"] == "contained":
-            contained.append(f"`{b['name']}` ({code(fields)})")
+        elif b.verdict == "capture-time only":
+            capture_time.append(f"`{b.name}` ({code(b.device_writes)})")
+        elif b.verdict == "contained":
+            contained.append(f"`{b.name}` ({code(fields)})")
     return [
         "- **Real hazards** (a later builder fails, or builds other host values, "
         "after this capture): " + ("; ".join(hazards) or "none") + ".",
@@ -195,20 +209,20 @@ def summary(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
     ]
 
 
-def guard_table(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
-    on_by = {(b["registry"], b["name"]): b for b in on["backends"]}
+def guard_table(off: AuditResult, on: AuditResult) -> list[str]:
+    on_by = {(b.registry, b.name): b for b in on.backends}
     rows = []
-    for b in off["backends"]:
-        g = on_by.get((b["registry"], b["name"]))
+    for b in off.backends:
+        g = on_by.get((b.registry, b.name))
         if g is None:
             continue
         keys = ("status", "builder_class", "cpu_writes", "device_writes", "verdict")
-        if any(b[k] != g[k] for k in keys):
+        if any(getattr(b, k) != getattr(g, k) for k in keys):
             rows.append(
-                f"| `{b['name']}` | {code(b['cpu_writes'])} / {b['verdict']} | "
-                f"{(g['builder_class'] or '').rsplit('.', 1)[-1]} | "
-                f"{code(g['cpu_writes'])} | {code(g['device_writes'])} | "
-                f"{g['verdict']} |"
+                f"| `{b.name}` | {code(b.cpu_writes)} / {b.verdict} | "
+                f"{(g.builder_class or '').rsplit('.', 1)[-1]} | "
+                f"{code(g.cpu_writes)} | {code(g.device_writes)} | "
+                f"{g.verdict} |"
             )
     if not rows:
         return ["The guard changes no backend's capture on this vLLM."]
@@ -220,37 +234,35 @@ def guard_table(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
     ]
 
 
-def render(runs: dict[str, tuple[int, dict[str, Any], float, str]]) -> str:
+def render(runs: dict[str, Run]) -> str:
     rc_off, off, wall_off, cmd_off = runs["off"]
     rc_on, on, wall_on, cmd_on = runs["on"]
     regs: dict[str, list[int]] = {}
-    for b in off["backends"]:
-        n = regs.setdefault(b["registry"], [0, 0])
+    for b in off.backends:
+        n = regs.setdefault(b.registry, [0, 0])
         n[0] += 1
-        n[1] += b["status"] == "built"
+        n[1] += b.status == "built"
     per_registry = "; ".join(f"{r}: {n[1]}/{n[0]}" for r, n in regs.items())
-    seconds = ", ".join(
-        f"`{s['name']}`" + (f" (unavailable: {s['problem']})" if s["problem"] else "")
-        for s in off["seconds"]
+    later = ", ".join(
+        f"`{s.name}`" + (f" (unavailable: {s.problem})" if s.problem else "")
+        for s in off.later
     )
     out = [
-        f"# Capture audit of vLLM {off['vllm']}",
+        f"# Capture audit of vLLM {off.vllm}",
         "",
         "Generated by `scripts/audit_docs.py` from two runs of "
         "`vllm-capture-guard audit --json`; do not edit by hand.",
         "",
-        f"Python: `{sys.executable}`.",
-        "",
         f"- `{cmd_off}`: exit {rc_off}, {wall_off:.1f} s wall",
         f"- `{cmd_on}`: exit {rc_on}, {wall_on:.1f} s wall",
         "",
-        f"**Coverage: built {off['built']} of {off['registered']} registered "
+        f"**Coverage: built {off.built} of {off.registered} registered "
         f"backends on a CPU-only machine** ({per_registry}); "
-        f"{off['captured']} ran their capture.",
+        f"{off.captured} ran their capture.",
         "",
-        f"Capture batches: {', '.join(off['batches'])}. Second builders (each in "
+        f"Capture batches: {', '.join(off.batches)}. Later builders (each in "
         f"its own KV-cache group, run after the audited capture on the same "
-        f"shared metadata): {seconds}.",
+        f"shared metadata): {later}.",
         "",
         "## Summary",
         "",
@@ -258,8 +270,8 @@ def render(runs: dict[str, tuple[int, dict[str, Any], float, str]]) -> str:
         "",
         "## vLLM as released (`VLLM_CAPTURE_GUARD=off`)",
         "",
-        f"Guard: {off['guard']}. Backends whose capture writes shared CPU "
-        f"metadata: {code(off['cpu_writers'])}.",
+        f"Guard: {off.guard}. Backends whose capture writes shared CPU "
+        f"metadata: {code(off.cpu_writers)}.",
         "",
         *main_table(off),
         "",
@@ -269,8 +281,8 @@ def render(runs: dict[str, tuple[int, dict[str, Any], float, str]]) -> str:
         "",
         "## With the guard (`VLLM_CAPTURE_GUARD=on`)",
         "",
-        f"Guard: {on['guard']}. Backends whose capture writes shared CPU "
-        f"metadata: {code(on['cpu_writers'])}.",
+        f"Guard: {on.guard}. Backends whose capture writes shared CPU "
+        f"metadata: {code(on.cpu_writers)}.",
         "",
         *guard_table(off, on),
         "",
@@ -279,23 +291,24 @@ def render(runs: dict[str, tuple[int, dict[str, Any], float, str]]) -> str:
         "| registry | backend | reason |",
         "|---|---|---|",
     ]
-    for b in off["backends"]:
-        if b["status"] != "built":
-            out.append(f"| {b['registry']} | `{b['name']}` | {cell(b['reason'])} |")
+    for b in off.backends:
+        if b.status != "built":
+            out.append(f"| {b.registry} | `{b.name}` | {cell(b.reason)} |")
     out += [
         "",
         "## How to read this",
         "",
         "- *CPU writes* / *device writes*: fields of the shared "
         "`CommonAttentionMetadata` whose tensors the capture changed in place "
-        "(`*_cpu` fields are CPU). *Rebinding* a field on the group's own copy "
+        "(host fields by `contract.field_side`: `*_cpu`, `*_cpu_*`, `*_np`, "
+        "`is_prefilling`...). *Rebinding* a field on the group's own copy "
         "is not a write.",
         "- *then X*: the sequenced check. X's metadata built after this capture "
         "is compared, field by field, with X's metadata built alone on the same "
         "batch. Nested dataclasses compare field by field; tensors by dtype, "
-        "shape and bits. **fails**: X raises after this capture only. "
-        "**host values differ**: a Python value, a shape, or a `*cpu*`/`*host*` "
-        "tensor differs; these are baked into the captured graph. *device values "
+        "shape and values (NaN equals NaN). **fails**: X raises after this "
+        "capture only. **host values differ**: a Python value, a shape, or a "
+        "host tensor differs; these are baked into the captured graph. *device values "
         "differ*: only device tensor values; the graph reads them by address and "
         "the runner rewrites them before every replay. *own buffer differs*: "
         "only X's persistent buffers, in parts its capture metadata does not "
@@ -312,13 +325,16 @@ def render(runs: dict[str, tuple[int, dict[str, Any], float, str]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", help="default: docs/audit-<vLLM version>.md")
+    parser.add_argument(
+        "--release", help="audit .envs/vllm-RELEASE instead of the venv's vLLM"
+    )
     args = parser.parse_args()
-    runs = {guard: run(guard) for guard in ("off", "on")}
+    runs = {guard: run(guard, args.release) for guard in ("off", "on")}
     text = render(runs)
-    path = Path(args.out or ROOT / "docs" / f"audit-{runs['off'][1]['vllm']}.md")
+    path = Path(args.out or ROOT / "docs" / f"audit-{runs['off'][1].vllm}.md")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    print(f"wrote {path}")
+    print(f"wrote {path.resolve().relative_to(ROOT) if path.is_absolute() else path}")
     return 0
 
 

@@ -29,7 +29,6 @@ import argparse
 import difflib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,17 +46,18 @@ START, END = "<!-- version-matrix:start -->", "<!-- version-matrix:end -->"
 # --- in the release's own environment ----------------------------------------
 
 
-def _seed_summary(result: dict) -> dict:
+def _seed_summary(result) -> dict:
+    """Per backend: runs, passes and the distinct errors of a ``SeedResult``."""
     out: dict = {}
-    for backend, why in result["unavailable"].items():
+    for backend, why in result.unavailable.items():
         out[backend] = {"unavailable": why.split(":")[0]}
-    for run in result["runs"]:
-        entry = out.setdefault(run["backend"], {"ok": 0, "runs": 0, "errors": []})
+    for run in result.runs:
+        entry = out.setdefault(run.backend, {"ok": 0, "runs": 0, "errors": []})
         entry["runs"] += 1
-        entry["ok"] += run["ok"]
-        if not run["ok"]:
-            error = run["error"].split(":")[0]
-            site = (run["error_site"] or "").rsplit(":", 1)[0]
+        entry["ok"] += run.ok
+        if not run.ok:
+            error = run.error.split(":")[0]
+            site = (run.error_site or "").rsplit(":", 1)[0]
             if f"{error} in {site}" not in entry["errors"]:
                 entry["errors"].append(f"{error} in {site}")
     return out
@@ -65,30 +65,31 @@ def _seed_summary(result: dict) -> dict:
 
 def facts() -> dict:
     """What the guard finds and does on the vLLM of this interpreter."""
-    os.environ["VLLM_CAPTURE_GUARD"] = "on"
-    from vllm_capture_guard.runtime.patches.registry import PATCHES
-
-    from vllm_capture_guard.runtime import plugin
+    from vllm_capture_guard.runtime import plugin, switch
+    from vllm_capture_guard.runtime.patches import PATCHES
     from vllm_capture_guard.tools.check import run_seed
+    from vllm_capture_guard.tools.harness import seed_backends
+    from vllm_capture_guard.tools.identity import around_plugin_load
 
+    os.environ[switch.ENV] = switch.Mode.ON.value
     unguarded = _seed_summary(run_seed())
     needed = {}
     for patch in PATCHES:
         try:
-            found = patch.inspect()
-            needed[patch.NAME] = found.status
+            needed[patch.name] = patch.inspect().status.value
         except Exception as e:
-            needed[patch.NAME] = f"error: {type(e).__name__}"
-    from vllm_capture_guard.tools.identity import around_plugin_load
-
+            needed[patch.name] = f"error: {type(e).__name__}"
     classes = around_plugin_load()
     report = plugin.report()
     return {
         "vllm": plugin.vllm_version(),
+        "backends": list(seed_backends()),
         "unguarded": unguarded,
         "needed": needed,
         "guard_action": report.action,
-        "outcomes": {o.patch: [o.status, o.detail] for o in report.outcomes},
+        "outcomes": {
+            name: [o.status.value, o.detail] for name, o in report.outcomes.items()
+        },
         "classes": classes,
         "guarded": _seed_summary(run_seed()),
         "in_tree": _in_tree_facts(),
@@ -106,53 +107,43 @@ def _in_tree_facts() -> dict:
 # --- driving the releases ----------------------------------------------------
 
 
-def _env(version: str) -> tuple[dict, bool]:
-    """Process environment for ``version``; True if it is the venv's own."""
-    from vllm_capture_guard.tools.oracle import env_dir
+def _facts_in(version: str) -> dict:
+    from vllm_capture_guard.runtime import switch
+    from vllm_capture_guard.tools.oracle import releases
 
-    env = dict(os.environ)
-    target = env_dir(version)
-    path = [str(ROOT / "src")] + ([str(target)] if target else [])
-    env["PYTHONPATH"] = os.pathsep.join(path)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.pop("VLLM_CAPTURE_GUARD", None)
-    return env, target is None
-
-
-def _run_facts(version: str) -> dict:
-    env, _ = _env(version)
-    env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
-    proc = subprocess.run(
-        [sys.executable, __file__, "--facts"],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=900,
+    proc = releases.run_in(
+        version, [__file__, "--facts"], {switch.ENV: None}, cwd=ROOT, timeout=900
     )
     if proc.returncode != 0:
         raise SystemExit(
             f"facts on vLLM {version} failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
         )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    if result["vllm"] != version:
-        raise SystemExit(
-            f"asked for vLLM {version}, the environment has {result['vllm']}: "
-            "run `make envs` (or set CAPTURE_GUARD_ENVS)"
-        )
+    problem = releases.wrong_release(version, result["vllm"])
+    if problem:
+        raise SystemExit(problem)
     return result
 
 
 def _run_tests(version: str, folder: Path) -> dict:
-    env, base = _env(version)
+    from vllm_capture_guard.runtime import switch
+    from vllm_capture_guard.tools.oracle import releases
+
+    base = releases.env_dir(version) is None
     xml = folder / f"pytest-{version}.xml"
-    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
-    args += [f"--junitxml={xml}"]
+    args = ["-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={xml}"]
     if not base:  # run once, in the base venv: oracle and release-independent tests
         args += ["-m", "not oracle and not once"]
-    print(f"\n=== vLLM {version}: {' '.join(args[1:])}", flush=True)
+    print(f"\n=== vLLM {version}: {' '.join(args)}", flush=True)
     start = time.monotonic()
-    proc = subprocess.run(args, env=env, cwd=ROOT)
+    # the suite sets the switch itself; vLLM logs where the caller chose
+    keep = {
+        switch.ENV: None,
+        "VLLM_LOGGING_STREAM": os.environ.get("VLLM_LOGGING_STREAM"),
+    }
+    proc = releases.run_in(
+        version, args, keep, cwd=ROOT, timeout=None, capture_output=False
+    )
     seconds = time.monotonic() - start
     suite = ET.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
@@ -221,8 +212,6 @@ def _in_tree(f: dict) -> str:
 
 
 def readme_section(results: dict) -> str:
-    from vllm_capture_guard.tools.scenarios import ROCM_BACKENDS
-
     affected = {v: any(s == "needed" for s in r["facts"]["needed"].values())
                 for v, r in results.items()}  # fmt: skip
     lines = [
@@ -236,10 +225,10 @@ def readme_section(results: dict) -> str:
     for version, r in results.items():
         f = r["facts"]
         unguarded = "<br>".join(
-            f"{b}: {_capture(f['unguarded'], b)}" for b in ROCM_BACKENDS
+            f"{b}: {_capture(f['unguarded'], b)}" for b in f["backends"]
         )
         guarded = "<br>".join(
-            f"{b}: {_capture(f['guarded'], b)}" for b in ROCM_BACKENDS
+            f"{b}: {_capture(f['guarded'], b)}" for b in f["backends"]
         )
         lines.append(
             f"| {version} | {'**yes**' if affected[version] else 'no'}<br>"
@@ -309,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="version-matrix-") as tmp:
         for version in args.versions:
             print(f"\n=== vLLM {version}: facts", flush=True)
-            found = _run_facts(version)
+            found = _facts_in(version)
             results[version] = {"facts": found, "tests": _run_tests(version, Path(tmp))}
     total = time.monotonic() - start
     section = readme_section(results)

@@ -96,10 +96,10 @@ def zeroes_cpu_offsets() -> bool:
     """Does this vLLM's ROCm capture zero the shared CPU offsets? Decided by
     running vLLM's capture in the runner's order, unguarded (this process
     never loads the guard through vLLM), never by the guard's detection."""
-    from vllm_capture_guard.tools import scenarios as sc
+    from vllm_capture_guard.tools import harness as sc
 
     batch = sc.Batch(4)
-    return sc.run_capture(sc.ROCM_ATTN, batch).query_start_loc_cpu_after != (
+    return sc.run_capture("ROCM_ATTN", batch).values("query_start_loc_cpu") != (
         batch.offsets()
     )
 
@@ -108,11 +108,22 @@ def zeroes_cpu_offsets() -> bool:
 def aiter_zeroes_offsets() -> bool:
     """Does the builder vLLM's AITER unified backend returns zero the device
     offsets its kernel reads at replay? Decided by running it, unguarded."""
-    from vllm_capture_guard.tools import scenarios as sc
+    from vllm_capture_guard.tools import harness as sc
 
     batch = sc.Batch(4)
     try:
-        run = sc.run_capture(sc.ROCM_AITER_UNIFIED_ATTN, batch)
+        run = sc.run_capture("ROCM_AITER_UNIFIED_ATTN", batch)
     except Exception as e:  # 0.33's AITER module asks the GPU at import
         pytest.skip(f"AITER unified backend unavailable here: {e}")
-    return run.query_start_loc_after != batch.offsets()
+    return run.values("query_start_loc") != batch.offsets()
+
+
+def rocm_capture_writes_cpu_offsets() -> bool:
+    """Does this vLLM's own ``ROCM_ATTN`` capture (unguarded: the pytest
+    process never loads the guard) write ``query_start_loc_cpu``?"""
+    from vllm_capture_guard.tools import harness
+
+    config = harness.make_vllm_config(0)
+    builder = harness.attention_builder("ROCM_ATTN", config)
+    run = harness.capture([("attention", builder)], harness.Batch(4))
+    return "query_start_loc_cpu" in [w.field for w in run.groups[0].writes]

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
-import torch
 
-from tests.conftest import run_fresh
-from vllm_capture_guard.tools import audit
-from vllm_capture_guard.tools import scenarios as sc
+from tests.conftest import rocm_capture_writes_cpu_offsets, run_fresh
+from vllm_capture_guard.tools import harness as sc
+from vllm_capture_guard.tools.audit import command, run, schema
+from vllm_capture_guard.tools.audit import registry as audit_registry
+from vllm_capture_guard.tools.audit.build import MINIMAX_M3_INDEXER
+from vllm_capture_guard.tools.audit.schema import Severity, Verdict
 
 ROCM = ("ROCM_ATTN", "ROCM_AITER_UNIFIED_ATTN")
 
@@ -20,16 +21,7 @@ ROCM = ("ROCM_ATTN", "ROCM_AITER_UNIFIED_ATTN")
 @pytest.fixture(scope="module")
 def rocm_affected() -> bool:
     """Does this vLLM's ROCm builder zero the CPU offsets (0.27/0.28)?"""
-    from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
-
-    from vllm_capture_guard.runtime.contract import cpu_writes
-    from vllm_capture_guard.runtime.patches import original_of
-    from vllm_capture_guard.runtime.probe import capture_writes
-
-    fn = original_of(
-        RocmAttentionMetadataBuilder.__dict__["build_for_cudagraph_capture"]
-    )
-    return bool(cpu_writes(capture_writes(RocmAttentionMetadataBuilder, fn)))
+    return rocm_capture_writes_cpu_offsets()
 
 
 # -- equality of built metadata ----------------------------------------------
@@ -42,7 +34,7 @@ def indexer():
 
 
 def _built(builder, batch: sc.Batch):
-    built, error = audit.second_after(None, builder, batch)
+    built, error = run.later_after(None, builder, batch)
     assert error is None
     return built
 
@@ -50,32 +42,35 @@ def _built(builder, batch: sc.Batch):
 def test_same_batch_builds_equal_metadata(indexer):
     a = _built(indexer, sc.Batch(4))
     b = _built(indexer, sc.Batch(4))
-    assert audit.compare_built(a, b) == []
+    assert run.compare_built(a, b) == []
 
 
 def test_compare_classes_differences_by_where_they_are(indexer):
     a = _built(indexer, sc.Batch(4))
     b = _built(indexer, sc.Batch(4, seq_len=80))
-    diffs = {d.path: d for d in audit.compare_built(a, b)}
+    diffs = {d.path: d for d in run.compare_built(a, b)}
     # device tensor values: the graph reads them by address
-    assert diffs["metadata.decode.seq_lens"].severity == "device"
+    assert diffs["metadata.decode.seq_lens"].severity is Severity.DEVICE
     # a Python int baked into the graph
-    assert diffs["metadata.max_seq_len"].severity == "host"
+    assert diffs["metadata.max_seq_len"].severity is Severity.HOST
     # the builder's own buffer, not referenced by decode metadata
     assert diffs["builder.context_len_buffer"].severity == "builder"
-    assert audit.classify(diffs.values()) == "host"
+    assert run.classify(diffs.values()) == "host"
 
 
-def test_freeze_compares_bits_so_uninitialised_nans_are_equal():
-    t = torch.full((3,), float("nan"))
-    assert audit.compare(audit.freeze(t), audit.freeze(t.clone())) == []
-    grown = audit.compare(audit.freeze(t), audit.freeze(torch.zeros(4)))
-    assert [d.severity for d in grown] == ["host"]  # a shape is a host value
-    named = audit.freeze({"lens_cpu": np.arange(3), "lens": torch.arange(3)})
-    other = audit.freeze({"lens_cpu": np.arange(3) + 1, "lens": torch.arange(3) + 1})
-    assert {d.path: d.severity for d in audit.compare(named, other)} == {
-        "lens_cpu": "host",
-        "lens": "device",
+def test_host_tensor_values_count_as_host_device_ones_as_device():
+    import torch
+
+    from vllm_capture_guard.runtime.contract import encode
+
+    def built(k: int):
+        lens = torch.arange(3) + k
+        return encode({"metadata": {"lens_cpu": lens, "lens": lens}, "builder": {}})
+
+    found = {d.path: d.severity for d in run.compare_built(built(0), built(1))}
+    assert found == {
+        "metadata.lens_cpu": Severity.HOST,
+        "metadata.lens": Severity.DEVICE,
     }
 
 
@@ -85,9 +80,9 @@ def test_freeze_compares_bits_so_uninitialised_nans_are_equal():
 def test_every_registry_enum_is_enumerated():
     from vllm.v1.attention.backends import registry
 
-    names = {e.__name__ for e in audit.registries()}
+    names = {e.__name__ for e in audit_registry.registries()}
     assert "AttentionBackendEnum" in names
-    assert len(audit.registered_backends()) == sum(
+    assert len(audit_registry.registered_backends()) == sum(
         len(getattr(registry, n)) for n in names
     )
 
@@ -104,66 +99,67 @@ def test_a_backend_registered_through_vllm_that_writes_cpu_metadata_is_flagged()
 
     register_backend(AttentionBackendEnum.CUSTOM, LEAKY_BACKEND_PATH)
     try:
-        result = audit.run_audit(["CUSTOM", "TRITON_ATTN"])
+        result = run.run_audit(["CUSTOM", "TRITON_ATTN"])
     finally:
         AttentionBackendEnum.CUSTOM.clear_override()
     by = {(b.registry, b.name): b for b in result.backends}
     leaky = by[("AttentionBackendEnum", "CUSTOM")]
-    assert leaky.status == "built"
+    assert leaky.status is schema.Built.BUILT
     assert leaky.builder_class.endswith("LeakyTritonMetadataBuilder")
-    assert leaky.written_fields("cpu") == ["query_start_loc_cpu"]
-    assert leaky.verdict == audit.HAZARD
-    seq = {s.second: s.verdict for s in leaky.sequenced}
-    assert seq[audit.MINIMAX_M3_INDEXER] == "fails"  # the seed bug's assert
-    assert [b.name for b in result.cpu_writers] == ["CUSTOM"]
+    assert leaky.cpu_writes == ["query_start_loc_cpu"]
+    assert leaky.verdict is Verdict.HAZARD
+    seq = {s.later: s.verdict for s in leaky.sequenced}
+    assert seq[MINIMAX_M3_INDEXER] is Severity.FAILS  # the seed bug's assert
+    assert result.cpu_writers == ["CUSTOM"]
     triton = by[("AttentionBackendEnum", "TRITON_ATTN")]
-    assert triton.written_fields("cpu") == []
-    assert triton.written_fields("device") == ["seq_lens"]
-    assert triton.verdict == audit.CAPTURE_TIME
+    assert triton.cpu_writes == []
+    assert triton.device_writes == ["seq_lens"]
+    assert triton.verdict is Verdict.CAPTURE_TIME
     # the Mamba registry's CUSTOM slot is empty: skipped, with vLLM's reason
     mamba = by[("MambaAttentionBackendEnum", "CUSTOM")]
-    assert mamba.status == "skipped" and "must be registered" in mamba.reason
+    assert mamba.status is schema.Built.SKIPPED
+    assert "must be registered" in mamba.reason
+    # the JSON round-trips through the schema
+    assert schema.from_json(json.dumps(schema.to_json(result))) == result
 
 
 # -- the CLI, in fresh interpreters, as a user runs it ---------------------------
 
 
-def _audit_json(guard: str) -> tuple[int, dict]:
+def _audit_json(guard: str) -> tuple[int, schema.AuditResult]:
     proc = run_fresh(
         ["-m", "vllm_capture_guard", "audit", "--json"], VLLM_CAPTURE_GUARD=guard
     )
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-4000:]
-    return proc.returncode, json.loads(proc.stdout)
+    return proc.returncode, schema.from_json(proc.stdout)
 
 
 @pytest.mark.slow
 def test_cli_audit_flags_rocm_cpu_offsets_without_the_guard(rocm_affected):
     rc, out = _audit_json("off")
-    assert out["guard_mode"] == "off" and out["guard"].startswith(
-        "VLLM_CAPTURE_GUARD=off"
-    )
-    by = {b["name"]: b for b in out["backends"]}
-    assert out["registered"] == len(out["backends"]) and out["built"] >= 10
-    assert by["ROCM_ATTN"]["status"] == "built"
+    assert out.guard_mode == "off" and out.guard.startswith("VLLM_CAPTURE_GUARD=off")
+    by = {b.name: b for b in out.backends}
+    assert out.registered == len(out.backends) and out.built >= 10
+    assert by["ROCM_ATTN"].status is schema.Built.BUILT
     for name in ROCM:  # 0.33's AITER unified module queries the GPU at import
-        if by[name]["status"] == "built":
-            assert ("query_start_loc_cpu" in by[name]["cpu_writes"]) == rocm_affected
-    assert rc == (1 if out["cpu_writers"] else 0)
+        if by[name].status is schema.Built.BUILT:
+            assert ("query_start_loc_cpu" in by[name].cpu_writes) == rocm_affected
+    assert rc == (1 if out.cpu_writers else 0)
     if rocm_affected:
-        assert set(ROCM) <= set(out["cpu_writers"])
-        assert by["ROCM_ATTN"]["verdict"] == audit.HAZARD
+        assert set(ROCM) <= set(out.cpu_writers)
+        assert by["ROCM_ATTN"].verdict is Verdict.HAZARD
 
 
 @pytest.mark.slow
 def test_cli_audit_with_the_guard_finds_no_cpu_writes():
     rc, out = _audit_json("on")
-    assert out["guard"] is not None and "vllm-capture-guard" not in out["guard"]
-    by = {b["name"]: b for b in out["backends"]}
-    assert by["ROCM_ATTN"]["status"] == "built"
+    assert out.guard is not None and "vllm-capture-guard" not in out.guard
+    by = {b.name: b for b in out.backends}
+    assert by["ROCM_ATTN"].status is schema.Built.BUILT
     for name in ROCM:
-        assert by[name]["cpu_writes"] == []
-        assert by[name]["verdict"] != audit.HAZARD
-    assert rc == 0 and out["cpu_writers"] == []
+        assert by[name].cpu_writes == []
+        assert by[name].verdict is not Verdict.HAZARD
+    assert rc == 0 and out.cpu_writers == []
 
 
 def test_cli_audit_prints_guard_state_coverage_and_verdict():
@@ -183,10 +179,10 @@ def test_version_cache_keeps_a_users_vllm_cache_root(monkeypatch, tmp_path):
     from importlib.metadata import version
 
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
-    assert audit.use_version_cache() is None
+    assert command.use_version_cache() is None
     assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path)
     monkeypatch.delenv("VLLM_CACHE_ROOT")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    chosen = audit.use_version_cache()
+    chosen = command.use_version_cache()
     assert chosen == str(tmp_path / "vllm-capture-guard" / f"vllm-{version('vllm')}")
     assert os.environ["VLLM_CACHE_ROOT"] == chosen

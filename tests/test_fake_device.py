@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.fake_device import DeviceTensor, fake_cuda, no_cuda_init, on_device
-from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.tools import harness as sc
 
 
 def test_reports_cuda_and_writes_land_in_the_cpu_data():
@@ -58,14 +58,14 @@ def test_vllm_rocm_capture_takes_its_gpu_path(vllm_version):
     config = sc.make_vllm_config(0)
     with no_cuda_init(), fake_cuda():
         buffers = sc.RunnerBuffers(device="cuda")
-        builder = sc.attention_builder(sc.ROCM_ATTN, config, "cuda")
+        builder = sc.attention_builder("ROCM_ATTN", config, "cuda")
         assert builder.device.type == "cuda"
-        run = sc.capture_groups([("attention", builder)], buffers, batch)
+        run = sc.capture([("attention", builder)], batch, buffers=buffers)
     assert run.failed is None, run.failed
     written = {w.field: w for w in run.groups[0].writes}
     assert written["query_start_loc"].before == batch.offsets()
-    assert run.query_start_loc_after == [0] * (batch.total_reqs + 1)
+    assert run.values("query_start_loc") == [0] * (batch.total_reqs + 1)
     # what each release does to the CPU copy, seen on plain CPU tensors too
-    plain = sc.run_capture(sc.ROCM_ATTN, batch)
-    cpu_zeroed = plain.query_start_loc_cpu_after != batch.offsets()
+    plain = sc.run_capture("ROCM_ATTN", batch)
+    cpu_zeroed = plain.values("query_start_loc_cpu") != batch.offsets()
     assert ("query_start_loc_cpu" in written) == cpu_zeroed

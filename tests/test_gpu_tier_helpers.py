@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.gpu import attention as at
-from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.tools import harness as sc
 
 
 def _step() -> at.Step:
@@ -77,10 +77,10 @@ def test_refill_reaches_the_builders_metadata():
     """What the GPU tier relies on at replay: writing the runner's buffers in
     place changes what the captured metadata's views read."""
     config = sc.make_vllm_config()
-    builder = sc.attention_builder(sc.ROCM_ATTN, config)
+    builder = sc.attention_builder("ROCM_ATTN", config)
     buffers = sc.RunnerBuffers(max_reqs=4, max_blocks=16)
-    run = sc.capture_groups([("attention", builder)], buffers, sc.Batch(4))
-    md = run.groups[0].metadata
+    run = sc.capture([("attention", builder)], sc.Batch(4), buffers=buffers)
+    md = run.groups[0].returned
     step = _step()
     at.refill(buffers, step)
     assert md.query_start_loc.tolist() == step.offsets

@@ -17,12 +17,12 @@ import sys
 
 import pytest
 
+from vllm_capture_guard.tools import harness as sc
 from vllm_capture_guard.tools import oracle
-from vllm_capture_guard.tools import scenarios as sc
 
 pytestmark = pytest.mark.oracle
 
-CASES = {f"{b}/{x.label()}" for b in sc.ROCM_BACKENDS for x in sc.DEFAULT_BATCHES}
+CASES = {f"{b}/{x.label()}" for b in sc.seed_backends() for x in sc.DEFAULT_BATCHES}
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +79,8 @@ def test_oracle_fails_with_guard_off(records):
     assert not result.ok
     text = "\n".join(result.differences)
     for batch in sc.DEFAULT_BATCHES:
-        rocm = f"{sc.ROCM_ATTN}/{batch.label()}"
-        aiter = f"{sc.ROCM_AITER_UNIFIED_ATTN}/{batch.label()}"
+        rocm = f"ROCM_ATTN/{batch.label()}"
+        aiter = f"ROCM_AITER_UNIFIED_ATTN/{batch.label()}"
         # ROCM_ATTN: the CPU offsets, which 0.29.0 leaves alone
         assert f"{rocm} attention after.query_start_loc_cpu:" in text
         assert f"{rocm} attention after.query_start_loc:" not in text

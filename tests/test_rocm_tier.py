@@ -27,7 +27,7 @@ import pytest
 from tests.conftest import fresh_env
 from tests.rocm import engine_run, test_engine_startup
 from tests.rocm.tiny_model import engine_config, write_engine_model
-from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.tools import harness as sc
 
 TP_SIZES = (1, 4)
 LAYER_LISTS = ("sparse_attention_freq", "sparse_disable_index_value")

@@ -4,12 +4,13 @@ a well-behaved one passes with its device writes reported."""
 
 from __future__ import annotations
 
+import importlib
 import textwrap
 
 import pytest
 import torch
 
-from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.tools import harness as sc
 from vllm_capture_guard.tools.testing import (
     SharedMetadataWriteWarning,
     assert_capture_keeps_shared_cpu_metadata,
@@ -75,16 +76,20 @@ def test_rocm_builder_is_caught_exactly_when_it_writes_cpu_offsets(config, unpat
     the guard's patches are applied in this process."""
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
 
-    from vllm_capture_guard.runtime.contract import cpu_writes
-    from vllm_capture_guard.runtime.plugin import decide_and_apply
-    from vllm_capture_guard.runtime.probe import capture_writes
+    from tests.conftest import rocm_capture_writes_cpu_offsets
+    from vllm_capture_guard.runtime.patches import PATCHES
 
-    affected = bool(cpu_writes(capture_writes(RocmAttentionMetadataBuilder)))
+    affected = rocm_capture_writes_cpu_offsets()
     builder = _builder(RocmAttentionMetadataBuilder, config)
     if affected:
         with pytest.raises(AssertionError, match="query_start_loc_cpu"):
             assert_capture_keeps_shared_cpu_metadata(builder, warn=False)
-    decide_and_apply("on")
+    for patch in PATCHES:  # as the plugin's hooks do: once vLLM imported it
+        try:
+            importlib.import_module(patch.modules[0])
+        except Exception:  # 0.33's AITER module asks the GPU at import
+            continue
+        patch.apply()
     with pytest.warns(SharedMetadataWriteWarning) as record:
         assert_capture_keeps_shared_cpu_metadata(builder)
     warned = sorted(
@@ -100,7 +105,7 @@ INNER_TESTS = """
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     from tests.scratch_builders import LeakyTritonMetadataBuilder
-    from vllm_capture_guard.tools import scenarios as sc
+    from vllm_capture_guard.tools import harness as sc
 
     def make(cls):
         cfg = sc.make_vllm_config(0)

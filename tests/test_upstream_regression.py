@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_capture_guard.tools.oracle import env_dir
+from vllm_capture_guard.tools.oracle.releases import env_dir
 
 pytestmark = pytest.mark.oracle
 

@@ -33,7 +33,7 @@ import pytest
 
 from tests import variants as vv
 from tests.conftest import LOGGING_AS_VLLM_SERVE, guard_lines
-from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.tools import harness as sc
 
 APPLIES, WHY = vv.applicability()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not APPLIES, reason=WHY)]
@@ -108,7 +108,7 @@ def _assert_guard_did_not_wave_through(logs: str, guard: str | None) -> None:
 
 def _assert_like_029(run: dict) -> None:
     """One guarded capture sequence, as vLLM 0.29.0 runs it."""
-    batch = sc.Batch(**{k: run["batch"][k] for k in sc.Batch.__dataclass_fields__})
+    (batch,) = [b for b in sc.DEFAULT_BATCHES if b.label() == run["batch"]]
     label = f"{run['backend']} {batch.label()}"
     assert run["ok"], f"{label}: {run['error']} at {run['error_site']}"
     assert run["decode_query_len"] == batch.query_len, label
@@ -116,7 +116,7 @@ def _assert_like_029(run: dict) -> None:
     for group in run["groups"]:
         cpu = [w for w in group["writes"] if w["side"] == "cpu"]
         assert cpu == [], f"{label}: {group['builder']} wrote {cpu}"
-    if run["backend"] == sc.ROCM_ATTN:  # the #25985 guard stays (PR #51585)
+    if run["backend"] == "ROCM_ATTN":  # the #25985 guard stays (PR #51585)
         assert run["query_start_loc_after"] == [0] * (batch.total_reqs + 1), label
     else:  # its kernel reads the offsets at replay (PR #53821)
         assert run["query_start_loc_after"] == batch.offsets(), label
@@ -137,7 +137,7 @@ def test_variant_is_affected_unguarded(overlay, name):
     expected = vv.VARIANTS[name].builders
     assert {r["backend"] for r in result["runs"]} == set(expected)
     for run in result["runs"]:
-        label = f"{run['backend']} {run['batch']['label']}"
+        label = f"{run['backend']} {run['batch']}"
         assert run["groups"][0]["builder"] == expected[run["backend"]], label
         assert not run["ok"], label
         assert run["error_site"].startswith(INDEXER_FILE + ":"), label
@@ -152,7 +152,7 @@ def test_variant_passes_with_guard(overlay, name):
     assert result["vllm"] == version("vllm")
     _assert_guard_did_not_wave_through(logs, result["guard"])
     assert not result["unavailable"], result["unavailable"]
-    assert len(result["runs"]) == len(sc.ROCM_BACKENDS) * len(sc.DEFAULT_BATCHES)
+    assert len(result["runs"]) == len(sc.seed_backends()) * len(sc.DEFAULT_BATCHES)
     for run in result["runs"]:
         _assert_like_029(run)
     assert rc == 0 and result["ok"]
@@ -171,8 +171,8 @@ import vllm.plugins
 vllm.plugins.load_general_plugins()
 from tests.fake_device import fake_cuda
 from vllm_capture_guard.runtime.plugin import report
-from vllm_capture_guard.tools import scenarios as sc
-from vllm_capture_guard.tools.check import run_record
+from vllm_capture_guard.tools import harness as sc
+from vllm_capture_guard.tools.check import seed_record
 
 def device_run(backend, batch):
     config = sc.make_vllm_config(max(batch.query_len - 1, 0))
@@ -185,14 +185,14 @@ def device_run(backend, batch):
         assert buffers.query_start_loc.is_cuda
         assert buffers.query_start_loc.device.type == "cuda"
         assert not buffers.query_start_loc_cpu.is_cuda
-        run = sc.capture_groups(builders, buffers, batch)
-    run.backend = backend
-    return run_record(run)
+        run = sc.capture(builders, batch, buffers=buffers)
+    return dataclasses.asdict(seed_record(backend, batch, run))
 
 out = {"cpu": [], "device": []}
-for backend in sc.ROCM_BACKENDS:
+for backend in sc.seed_backends():
     for batch in sc.DEFAULT_BATCHES:
-        out["cpu"].append(run_record(sc.run_capture(backend, batch)))
+        run = sc.run_capture(backend, batch)
+        out["cpu"].append(dataclasses.asdict(seed_record(backend, batch, run)))
         out["device"].append(device_run(backend, batch))
 out["guard"] = None if report() is None else report().message
 out["cuda_initialized"] = torch.cuda.is_initialized()
@@ -224,7 +224,7 @@ def test_gpu_only_variant_is_affected_on_gpu_tensors(overlay):
         writes = {w["field"] for w in run["groups"][0]["writes"]}
         assert not writes & {"query_start_loc", "query_start_loc_cpu"}, writes
     for run in out["device"]:
-        label = f"{run['backend']} {run['batch']['label']}"
+        label = f"{run['backend']} {run['batch']}"
         writes = {w["field"] for w in run["groups"][0]["writes"]}
         assert {"query_start_loc", "query_start_loc_cpu"} <= writes, label
         assert not run["ok"], label
@@ -237,6 +237,6 @@ def test_gpu_only_variant_passes_with_guard(overlay):
     the guard does not call this install "not needed"."""
     out, logs = device_runs(overlay, "on")
     _assert_guard_did_not_wave_through(logs, out["guard"])
-    assert len(out["device"]) == len(sc.ROCM_BACKENDS) * len(sc.DEFAULT_BATCHES)
+    assert len(out["device"]) == len(sc.seed_backends()) * len(sc.DEFAULT_BATCHES)
     for run in out["device"]:
         _assert_like_029(run)

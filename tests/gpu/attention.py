@@ -158,7 +158,7 @@ class PagedKV:
         dtype: torch.dtype,
         device: str | torch.device,
     ) -> PagedKV:
-        from vllm_capture_guard.tools.scenarios import backend_class
+        from vllm_capture_guard.tools.harness import backend_class
 
         backend = backend_class(LAYOUT_BACKEND[layout])
         shape = backend.get_kv_cache_shape(

@@ -134,14 +134,14 @@ def guard_removed():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unguarded_capture_hits_indexer_assertion(backend, guard, gpu_results):
     from vllm_capture_guard.runtime.patches import Status, by_name
-    from vllm_capture_guard.tools import scenarios as sc
+    from vllm_capture_guard.tools import harness as sc
 
-    if not any(o.status is Status.PATCHED for o in guard.outcomes.values()):
+    if not any(o.status == Status.PATCHED for o in guard.outcomes.values()):
         pytest.skip(f"the guard found nothing to patch here: {guard.message}")
     with guard_removed():
         # vLLM's own capture is back: a removal that silently failed must
         # fail here, not skip or pass
-        assert by_name("rocm-attn-cpu-offsets").inspect().status is Status.NEEDED
+        assert by_name("rocm-attn-cpu-offsets").inspect().status == Status.NEEDED
         run = sc.run_capture(backend, sc.Batch(4), device=DEVICE)
     failed = run.failed
     gpu_results["unguarded"].append(
@@ -157,7 +157,7 @@ def test_unguarded_capture_hits_indexer_assertion(backend, guard, gpu_results):
     assert failed.error.startswith("AssertionError")
     assert failed.error_site.startswith(INDEXER_FILE + ":")
     assert failed.error_line == ASSERTION
-    assert run.query_start_loc_cpu_after == [0] * 5
+    assert run.values("query_start_loc_cpu") == [0] * 5
 
 
 # --- capture and replay --------------------------------------------------------
@@ -234,7 +234,7 @@ CASES = [
 
 @pytest.mark.parametrize(("kernel", "backend", "dtype_name"), CASES)
 def test_graph_replay(kernel, backend, dtype_name, guard, gpu_results):
-    from vllm_capture_guard.tools import scenarios as sc
+    from vllm_capture_guard.tools import harness as sc
 
     started = time.time()
     spec = at.KERNELS[kernel]
@@ -250,16 +250,16 @@ def test_graph_replay(kernel, backend, dtype_name, guard, gpu_results):
     buffers = sc.RunnerBuffers(max_reqs=NUM_REQS, max_blocks=MAX_BLOCKS, device=DEVICE)
     block_size = sc.BLOCK_SIZE
     batch = sc.Batch(NUM_REQS, query_len=query_len, seq_len=MAX_BLOCKS * block_size)
-    run = sc.capture_groups(builders, buffers, batch)
+    run = sc.capture(builders, batch, buffers=buffers)
     assert run.failed is None, run.failed and run.failed.error
-    assert run.decode_query_len == query_len
-    assert run.query_start_loc_cpu_after == batch.offsets()  # the guard's point
-    md = run.groups[0].metadata
+    assert sc.decode_query_len(run) == query_len
+    assert run.values("query_start_loc_cpu") == batch.offsets()  # the guard's point
+    md = run.groups[0].returned
     # ROCM_ATTN zeroes the device offsets for capture (#25985); the AITER
     # unified builder keeps them. Both capture with seq_lens of 1.
     zeroed = [0] * (NUM_REQS + 1)
     expected = zeroed if backend == at.ROCM_ATTN else batch.offsets()
-    assert run.query_start_loc_after == expected
+    assert run.values("query_start_loc") == expected
     assert md.seq_lens.tolist() == [1] * NUM_REQS
     for name in ("query_start_loc", "seq_lens", "block_table"):
         # the builder's metadata reads the runner's buffers, not copies
@@ -346,8 +346,8 @@ def test_graph_replay(kernel, backend, dtype_name, guard, gpu_results):
         "rtol": rtol,
         "query_len": query_len,
         "num_reqs": NUM_REQS,
-        "capture_query_start_loc": run.query_start_loc_after,
-        "capture_query_start_loc_cpu": run.query_start_loc_cpu_after,
+        "capture_query_start_loc": run.values("query_start_loc"),
+        "capture_query_start_loc_cpu": run.values("query_start_loc_cpu"),
         "steps": records,
         "replays": REPLAYS * len(records) + 1,
         "max_abs_err": max(r["max_abs_err"] for r in records),

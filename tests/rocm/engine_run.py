@@ -147,16 +147,16 @@ def host_info() -> dict:
         (ep.value for ep in eps if ep.name == "capture_guard"), None
     )
     import vllm_capture_guard
-    from vllm_capture_guard.tools import scenarios as sc
+    from vllm_capture_guard.tools import harness as sc
 
     info["guard_module"] = str(Path(vllm_capture_guard.__file__).resolve().parent)
     batch = sc.Batch(4)
-    run = sc.run_capture(sc.ROCM_ATTN, batch)
+    run = sc.run_capture("ROCM_ATTN", batch)
     failed = run.failed
     info["capture"] = {
-        "affected": run.query_start_loc_cpu_after != batch.offsets(),
+        "affected": run.values("query_start_loc_cpu") != batch.offsets(),
         "detail": f"ROCM_ATTN capture left query_start_loc_cpu "
-        f"{run.query_start_loc_cpu_after} (was {batch.offsets()}); "
+        f"{run.values('query_start_loc_cpu')} (was {batch.offsets()}); "
         f"{'failed: ' + failed.error if failed else 'indexer built'}",
     }
     return info

@@ -2,7 +2,7 @@
 """A MiniMax-M3 small enough to start vLLM's engine in seconds, with random
 weights (``load_format="dummy"``), no tokenizer and no Hub.
 
-:data:`vllm_capture_guard.tools.scenarios.TINY_MINIMAX_M3` configures metadata
+:data:`vllm_capture_guard.tools.harness.TINY_MINIMAX_M3` configures metadata
 builders, nothing more; it cannot build the model (1 KV head but 4 index
 heads). This one keeps every structural choice of the real checkpoint that
 vLLM 0.28.0's AMD model path (``vllm/models/minimax_m3/amd/model.py`` and

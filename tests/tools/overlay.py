@@ -19,7 +19,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from vllm_capture_guard.tools import oracle
+from vllm_capture_guard.tools.oracle import releases
 from vllm_capture_guard.tools.tree.plan import FILES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def release_base(version: str) -> Path | None:
     """The folder that holds ``vllm/`` of release ``version``: its ``.envs``
     folder, or the venv's site-packages if that is the release installed
     there; None if neither."""
-    env = oracle.env_dir(version)
+    env = releases.env_dir(version)
     if env is not None and (env / "vllm").is_dir():
         return env
     if (PURELIB / f"vllm-{version}.dist-info").is_dir():

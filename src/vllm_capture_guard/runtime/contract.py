@@ -12,43 +12,84 @@ that runs afterwards.
 
 This module states that rule once, in code:
 
-* :func:`snapshot` records every tensor (and numpy array) that a
-  ``CommonAttentionMetadata`` holds, keeping a reference to the *object* and a
-  copy of its values;
-* :meth:`Snapshot.writes` compares those same objects with their copies, so a
-  field that a builder merely rebound on its own copy is not a write, while an
-  in-place ``zero_()``/``fill_()``/``copy_()`` is;
+* :func:`field_side` says which fields are host (``cpu``) values and which
+  are device values, by name, so that the CPU test tier, where "device"
+  tensors live on the CPU too, reasons exactly as a GPU host;
+* :func:`snapshot` records every tensor (and numpy array) that a metadata
+  holds, keeping a reference to the *object* and a copy of its values, and
+  :meth:`Snapshot.writes` lists the objects whose values changed since, so a
+  field that a builder merely rebound on its own copy is not a write;
+* :func:`encode` turns any metadata value (shared fields, returned metadata,
+  a builder's buffers) into plain JSON values, and :func:`diff` compares two
+  encoded values, path by path: the one encoder and differ of the project;
 * :func:`preserved` restores named fields' values after a block, which is how
   the patches undo exactly the writes upstream stopped making.
-
-Fields are classed as ``cpu`` (host copies, named ``*_cpu``, read by later
-builders to size and split the batch) or ``device`` (what kernels read). The
-class is decided by name, not by ``tensor.device``, so that the CPU test tier,
-where the "device" tensors live on the CPU too, reasons exactly as a GPU host.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-CPU = "cpu"
-DEVICE = "device"
+
+class Choice(str, enum.Enum):
+    """A string enum whose text is its value (``enum.StrEnum`` before 3.11)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
 
 
-def field_side(name: str) -> str:
-    """``cpu`` for the host copies (``query_start_loc_cpu``, ``_seq_lens_cpu``,
-    ``encoder_seq_lens_cpu``...), ``device`` for everything else."""
-    return CPU if name.endswith("_cpu") else DEVICE
+class Side(Choice):
+    """Where a value lives for the kernels: host memory or the device."""
+
+    CPU = "cpu"
+    DEVICE = "device"
+
+
+CPU = Side.CPU
+DEVICE = Side.DEVICE
+
+#: Host fields whose names do not say so. In vLLM's runner ``is_prefilling``
+#: is computed from ``num_computed_tokens_cpu`` and ``rswa_prefix_lens`` is
+#: ``num_prompt_tokens_cpu``; ``req_idx`` is a numpy array.
+HOST_FIELDS = frozenset({"is_prefilling", "rswa_prefix_lens", "req_idx"})
+
+
+def field_side(name: str) -> Side:
+    """``cpu`` for host values, ``device`` for everything else.
+
+    Host: a name that ends in ``_cpu`` (``query_start_loc_cpu``,
+    ``_seq_lens_cpu``), contains ``_cpu_`` (``seq_lens_cpu_upper_bound``,
+    ``dcp_local_seq_lens_cpu_upper_bound``), ends in ``_np`` or ``_host``,
+    starts with ``cpu_`` or ``host_``, or
+    one of :data:`HOST_FIELDS`. Only the last part of a dotted path counts.
+    Tested against every field that the supported vLLM releases declare on
+    ``CommonAttentionMetadata``."""
+    leaf = name.rsplit(".", 1)[-1].split("[", 1)[0].lower()
+    host = (
+        leaf.endswith(("_cpu", "_np", "_host"))
+        or leaf.startswith(("cpu_", "host_"))
+        or "_cpu_" in leaf
+        or leaf in ("cpu", "host")
+        or leaf in HOST_FIELDS
+    )
+    return CPU if host else DEVICE
 
 
 def _values(obj: Any) -> list[Any]:
     if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().reshape(-1).tolist()
+        obj = obj.detach()
+        if obj.dtype in (torch.bfloat16, torch.float16):
+            obj = obj.float()
+        return obj.cpu().reshape(-1).tolist()
     return np.asarray(obj).reshape(-1).tolist()
 
 
@@ -57,40 +98,30 @@ class FieldWrite:
     """One shared field whose values a builder changed in place."""
 
     field: str
-    side: str
+    side: Side
     before: list[Any]
     after: list[Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
     def __str__(self) -> str:
         return f"{self.field} ({self.side}): {self.before} -> {self.after}"
 
 
-@dataclasses.dataclass
-class _Held:
-    name: str
-    obj: Any  # the very tensor / ndarray object the metadata pointed at
-    copy: Any  # its values at snapshot time
-
-    def changed(self) -> bool:
-        if isinstance(self.obj, torch.Tensor):
-            return not torch.equal(self.obj, self.copy)
-        return not np.array_equal(self.obj, self.copy)
-
-    def restore(self) -> None:
-        if isinstance(self.obj, torch.Tensor):
-            self.obj.copy_(self.copy)
-        else:
-            self.obj[...] = self.copy
+def _same(a: Any, b: Any) -> bool:
+    """Bit for bit, so that uninitialised NaNs in a buffer compare equal."""
+    if isinstance(a, torch.Tensor):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.dtype == torch.bool or a.numel() == 0:
+            return torch.equal(a, b)
+        return torch.equal(
+            a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
+        )
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def tensor_fields(metadata: Any) -> Iterator[tuple[str, Any]]:
-    """Every (field name, tensor-or-array) pair of a metadata dataclass.
-
-    Works on any vLLM version: the field list is read from the dataclass, not
-    kept by hand (0.27, 0.29 and 0.33 each add or drop fields)."""
+    """Every (field name, tensor-or-array) pair of a metadata dataclass, read
+    from the dataclass itself (each vLLM release adds or drops fields)."""
     for f in dataclasses.fields(metadata):
         value = getattr(metadata, f.name, None)
         if isinstance(value, (torch.Tensor, np.ndarray)):
@@ -98,44 +129,211 @@ def tensor_fields(metadata: Any) -> Iterator[tuple[str, Any]]:
 
 
 class Snapshot:
-    """Values of a ``CommonAttentionMetadata``'s tensors at one moment."""
+    """Values of a metadata's tensors at one moment, held with the objects."""
 
-    def __init__(self, metadata: Any, names: Iterable[str] | None = None) -> None:
-        if names is None:
-            pairs: Iterable[tuple[str, Any]] = tensor_fields(metadata)
-        else:
-            pairs = ((n, getattr(metadata, n, None)) for n in names)
-        self._held: list[_Held] = []
-        for name, obj in pairs:
-            if not isinstance(obj, (torch.Tensor, np.ndarray)):
-                continue
-            copy = obj.clone() if isinstance(obj, torch.Tensor) else obj.copy()
-            self._held.append(_Held(name, obj, copy))
-
-    @property
-    def names(self) -> list[str]:
-        return [h.name for h in self._held]
+    def __init__(self, metadata: Any) -> None:
+        self._held = [
+            (name, obj, obj.clone() if isinstance(obj, torch.Tensor) else obj.copy())
+            for name, obj in tensor_fields(metadata)
+        ]
 
     def writes(self) -> list[FieldWrite]:
         """The fields whose *objects* now hold other values than at snapshot."""
         return [
-            FieldWrite(h.name, field_side(h.name), _values(h.copy), _values(h.obj))
-            for h in self._held
-            if h.changed()
+            FieldWrite(name, field_side(name), _values(copy), _values(obj))
+            for name, obj, copy in self._held
+            if not _same(obj.detach() if isinstance(obj, torch.Tensor) else obj, copy)
         ]
 
-    def restore(self) -> None:
-        for h in self._held:
-            if h.changed():
-                h.restore()
 
-
-def snapshot(metadata: Any, names: Iterable[str] | None = None) -> Snapshot:
-    return Snapshot(metadata, names)
+def snapshot(metadata: Any) -> Snapshot:
+    return Snapshot(metadata)
 
 
 def cpu_writes(writes: Iterable[FieldWrite]) -> list[FieldWrite]:
     return [w for w in writes if w.side == CPU]
+
+
+# --- the encoder and the differ ----------------------------------------------
+
+#: How deep :func:`encode` follows plain objects and containers.
+MAX_DEPTH = 6
+
+
+def encode(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) -> Any:
+    """A JSON value that says everything comparable about ``value``, taken at
+    once (views of shared buffers change later).
+
+    Tensors and arrays: ``{"kind": "tensor"|"ndarray", "dtype", "shape",
+    "values"}``; dataclasses and plain objects: ``{"kind": "dataclass"|
+    "object", "type", "fields"}``; enums ``{"kind": "enum", "type", "name"}``;
+    lists, tuples and dicts element by element; anything deeper than
+    :data:`MAX_DEPTH`, seen before on the way down, or opaque (a function, a
+    stream) as ``{"kind": "opaque", "type"}``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        return {
+            "kind": "tensor",
+            "dtype": dtype,
+            "shape": list(value.shape),
+            "values": _values(value),
+        }
+    if isinstance(value, np.ndarray):
+        return {
+            "kind": "ndarray",
+            "dtype": str(value.dtype),
+            "shape": list(value.shape),
+            "values": _values(value),
+        }
+    if isinstance(value, enum.Enum):
+        return {"kind": "enum", "type": type(value).__name__, "name": value.name}
+    if isinstance(value, (torch.dtype, torch.device, complex)):
+        return str(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    opaque = {"kind": "opaque", "type": type(value).__qualname__}
+    if _depth >= MAX_DEPTH or id(value) in _seen:
+        return opaque
+    seen, deeper = _seen | {id(value)}, _depth + 1
+    if isinstance(value, (list, tuple)):
+        return [encode(v, deeper, seen) for v in value]
+    if isinstance(value, dict):
+        return {
+            "kind": "dict",
+            "fields": {str(k): encode(v, deeper, seen) for k, v in value.items()},
+        }
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        kind = "dataclass"
+        items = [
+            (f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)
+        ]
+    elif hasattr(value, "__dict__") and not callable(value):
+        kind, items = "object", list(vars(value).items())
+    else:
+        return opaque
+    fields = {k: encode(v, deeper, seen) for k, v in items}
+    return {"kind": kind, "type": type(value).__qualname__, "fields": fields}
+
+
+class Change(Choice):
+    """What differs at one path of two encoded values."""
+
+    VALUES = "values"  # a tensor's or array's values (same dtype and shape)
+    LAYOUT = "layout"  # a tensor's dtype or shape
+    TYPE = "type"  # a class name, or one side is not the same kind of thing
+    SCALAR = "scalar"  # a Python value
+    MISSING = "missing"  # a field or key only one side has
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """One place where two encoded values differ. ``side`` is the field's
+    :func:`field_side` for tensor values (numpy arrays: ``cpu``), else None."""
+
+    path: str
+    change: Change
+    a: str
+    b: str
+    side: Side | None = None
+
+
+def _is_array(v: Any) -> bool:
+    return isinstance(v, dict) and v.get("kind") in ("tensor", "ndarray")
+
+
+def _has_fields(v: Any) -> bool:
+    return isinstance(v, dict) and "fields" in v
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
+        return math.isnan(b)
+    if isinstance(a, list) and isinstance(b, list):
+        if a == b:  # the fast path; NaN is never == NaN
+            return True
+        return len(a) == len(b) and all(map(_equal, a, b))
+    return type(a) is type(b) and a == b
+
+
+def show(value: Any, other: Any = None, limit: int = 12) -> str:
+    """A short text for an encoded value; for a long array compared with
+    ``other``, the window ``[lo:hi]`` that holds the elements that differ."""
+    if _is_array(value):
+        vals = value["values"]
+        if len(vals) <= limit:
+            return str(vals)
+        if _is_array(other):
+            diff = [
+                i
+                for i, (x, y) in enumerate(zip(vals, other["values"], strict=False))
+                if not _equal(x, y)
+            ]
+            if diff:
+                lo, hi = diff[0], min(diff[-1] + 1, diff[0] + limit)
+                more = "" if hi > diff[-1] else "..."
+                return f"[{lo}:{hi}]={vals[lo:hi]}{more} of {len(vals)}"
+        return f"{vals[:limit]}... of {len(vals)}"
+    if _has_fields(value):
+        return f"<{value.get('type', value['kind'])}>"
+    if isinstance(value, list):
+        return f"<list of {len(value)}>"
+    return repr(value)
+
+
+def diff(a: Any, b: Any, path: str = "") -> list[Difference]:
+    """Every difference between two :func:`encoded <encode>` values.
+
+    Dataclasses, objects and dicts compare field by field (a field only one
+    side has is a ``missing`` difference), lists element by element, arrays
+    by dtype, shape, then values (NaN equals NaN), anything else by type and
+    value."""
+    here = path or "."
+    if _is_array(a) and _is_array(b):
+        if (a["dtype"], a["shape"]) != (b["dtype"], b["shape"]):
+            return [
+                Difference(
+                    here,
+                    Change.LAYOUT,
+                    f"{a['dtype']}{a['shape']}",
+                    f"{b['dtype']}{b['shape']}",
+                )
+            ]
+        if _equal(a["values"], b["values"]):
+            return []
+        side = CPU if a["kind"] == "ndarray" else field_side(here)
+        return [Difference(here, Change.VALUES, show(a, b), show(b, a), side)]
+    if _has_fields(a) and _has_fields(b) and a["kind"] == b["kind"]:
+        out = []
+        if a.get("type") != b.get("type"):
+            out.append(Difference(here, Change.TYPE, a.get("type"), b.get("type")))
+        fa, fb = a["fields"], b["fields"]
+        for key in list(fa) + [k for k in fb if k not in fa]:
+            sub = f"{path}.{key}" if path else key
+            if key not in fa or key not in fb:
+                out.append(
+                    Difference(
+                        sub, Change.MISSING, show(fa.get(key)), show(fb.get(key))
+                    )
+                )
+            else:
+                out += diff(fa[key], fb[key], sub)
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in diff(x, y, f"{path}[{i}]")
+        ]
+    if _equal(a, b):
+        return []
+    same_kind = type(a) is type(b) and not isinstance(a, (dict, list))
+    change = Change.SCALAR if same_kind else Change.TYPE
+    return [Difference(here, change, show(a, b), show(b, a))]
+
+
+# --- what the patches use on every capture call --------------------------------
 
 
 def shares_memory(a: Any, b: Any) -> bool:

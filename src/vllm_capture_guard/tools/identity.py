@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Did loading the guard change vLLM's ROCm classes?
+"""Did loading the guard change vLLM's classes?
 
 On a fixed vLLM (0.29.0 and later) the promise is "nothing changes": every
-attribute of the ROCm builder, the AITER unified backend and the builder that
-backend returns must be the very same object after vLLM's plugin loader ran
-the guard. The version matrix and ``tests/test_fixed_releases.py`` both ask
-this module.
+attribute of every class a patch may change (``Patch.targets``), and of the
+builder that a backend class returns from ``get_builder_cls()``, must be the
+very same object after vLLM's plugin loader ran the guard. The version
+matrix and ``tests/test_fixed_releases.py`` both ask this module.
 """
 
 from __future__ import annotations
@@ -13,32 +13,39 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-#: vLLM's classes to compare, as (module, class); the AITER backend's builder
-#: is looked up through its ``get_builder_cls()`` under :data:`AITER_BUILDER`.
-TARGETS = {
-    "RocmAttentionMetadataBuilder": (
-        "vllm.v1.attention.backends.rocm_attn",
-        "RocmAttentionMetadataBuilder",
-    ),
-    "RocmAiterUnifiedAttentionBackend": (
-        "vllm.v1.attention.backends.rocm_aiter_unified_attn",
-        "RocmAiterUnifiedAttentionBackend",
-    ),
-}
-AITER_BUILDER = "its get_builder_cls()"
+#: Suffix of the key under which a backend's builder is compared.
+BUILDER_OF = ".get_builder_cls()"
+
+
+def targets() -> dict[str, tuple[str, str]]:
+    """``class name -> (module, class)`` for every patch's targets, in the
+    patches' order."""
+    from vllm_capture_guard.runtime.patches import PATCHES
+
+    found: dict[str, tuple[str, str]] = {}
+    for patch in PATCHES:
+        for module, name in patch.targets:
+            found.setdefault(name, (module, name))
+    return found
+
+
+def builder_key(backend_class: str) -> str:
+    return backend_class + BUILDER_OF
 
 
 def target_classes() -> dict[str, Any]:
-    """Each target class, or why it cannot be imported on this host."""
+    """Each target class (and each backend's builder), or why it cannot be
+    imported on this host."""
     found: dict[str, Any] = {}
-    for key, (module, name) in TARGETS.items():
+    for key, (module, name) in targets().items():
         try:
-            found[key] = getattr(importlib.import_module(module), name)
+            cls = getattr(importlib.import_module(module), name)
         except Exception as e:  # 0.33's AITER module asks the GPU at import
             found[key] = f"{type(e).__name__} at import"
-    backend = found["RocmAiterUnifiedAttentionBackend"]
-    if not isinstance(backend, str):
-        found[AITER_BUILDER] = backend.get_builder_cls()
+            continue
+        found[key] = cls
+        if callable(getattr(cls, "get_builder_cls", None)):
+            found[builder_key(key)] = cls.get_builder_cls()
     return found
 
 
@@ -50,7 +57,10 @@ def _members(found: dict[str, Any]) -> dict[str, Any]:
 
 def around_plugin_load() -> dict[str, dict[str, Any]]:
     """Run ``vllm.plugins.load_general_plugins()`` and report, per target, the
-    class before and after and which of its attributes are other objects."""
+    class before and after and which of its attributes are other objects.
+
+    The targets' modules are imported before the plugins load, so the guard
+    patches them at load (its post-import hooks run at once)."""
     import vllm.plugins
 
     before = _members(target_classes())

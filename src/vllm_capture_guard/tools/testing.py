@@ -13,7 +13,9 @@ rewrites those buffers before every replay.
 
 Plain helper, in any test::
 
-    from vllm_capture_guard.tools.testing import assert_capture_keeps_shared_cpu_metadata
+    from vllm_capture_guard.tools.testing import (
+        assert_capture_keeps_shared_cpu_metadata,
+    )
 
     def test_capture_is_private(vllm_config):
         builder = MyMetadataBuilder(spec, ["model.layers.0.attn"], vllm_config, dev)
@@ -32,10 +34,9 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from copy import copy
 from typing import Any
 
-from vllm_capture_guard.runtime.contract import CPU, DEVICE, FieldWrite, snapshot
+from vllm_capture_guard.runtime.contract import CPU, DEVICE, FieldWrite
 
 #: The default batch: four single-token decodes, the runner's common capture.
 DEFAULT_NUM_REQS = 4
@@ -76,40 +77,27 @@ class CaptureCheck:
 
 def runner_metadata(num_reqs: int = DEFAULT_NUM_REQS, device: Any = "cpu") -> Any:
     """A ``CommonAttentionMetadata`` of views of runner-like persistent buffers
-    (:class:`vllm_capture_guard.tools.scenarios.RunnerBuffers`) for a uniform decode."""
-    from vllm_capture_guard.tools import scenarios as sc
+    (:class:`vllm_capture_guard.tools.harness.RunnerBuffers`) for a uniform
+    decode."""
+    from vllm_capture_guard.tools.harness import Batch, shared_metadata
 
-    batch = sc.Batch(num_reqs)
-    buffers = sc.RunnerBuffers(device=device)
-    buffers.fill(batch)
-    return buffers.common_metadata(batch)
+    return shared_metadata(Batch(num_reqs), device)
 
 
 def capture_on_shared_metadata(
     builder: Any, common_attn_metadata: Any = None
 ) -> CaptureCheck:
     """Run ``builder``'s capture on a shallow copy of ``common_attn_metadata``
-    (as the runner does) and record what it changed in the shared tensors.
-    The builder's own exceptions propagate."""
-    from vllm.config import set_current_vllm_config
+    (as the runner does, through the harness) and record what it changed in
+    the shared tensors. The builder's own exceptions propagate."""
+    from vllm_capture_guard.tools.harness import capture
 
     base = common_attn_metadata
     if base is None:
         base = runner_metadata(device=getattr(builder, "device", "cpu"))
-    seen = snapshot(base)
-    cm = copy(base)
-    config = getattr(builder, "vllm_config", None)
-    if config is not None:
-        with set_current_vllm_config(config):
-            metadata = builder.build_for_cudagraph_capture(cm)
-    else:
-        metadata = builder.build_for_cudagraph_capture(cm)
-    rebinds = [
-        f.name
-        for f in dataclasses.fields(base)
-        if getattr(base, f.name, None) is not getattr(cm, f.name, None)
-    ]
-    return CaptureCheck(type(builder).__qualname__, metadata, seen.writes(), rebinds)
+    run = capture([("builder", builder)], metadata=base, raise_errors=True)
+    g = run.groups[0]
+    return CaptureCheck(type(builder).__qualname__, g.returned, g.writes, g.rebinds)
 
 
 def assert_capture_keeps_shared_cpu_metadata(

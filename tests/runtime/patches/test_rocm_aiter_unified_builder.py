@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import run_snippet
 from vllm_capture_guard.runtime.patches import Status, by_name
 from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as mod
-from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.tools import harness as sc
 
 PATCH = by_name("rocm-aiter-unified-builder")
 CPU_PATCH = by_name("rocm-attn-cpu-offsets")
@@ -29,12 +29,12 @@ def affected(unpatched, aiter_zeroes_offsets) -> None:
 def test_aiter_capture_keeps_offsets_and_sets_seq_lens(affected, batch):
     assert CPU_PATCH.apply().status is Status.PATCHED
     assert PATCH.apply().status is Status.PATCHED
-    run = sc.run_capture(sc.ROCM_AITER_UNIFIED_ATTN, batch)
+    run = sc.run_capture("ROCM_AITER_UNIFIED_ATTN", batch)
     assert run.failed is None, run.failed
     attention = run.groups[0]
     assert attention.builder == mod.BUILDER
-    assert run.query_start_loc_after == batch.offsets()
-    assert run.query_start_loc_cpu_after == batch.offsets()
+    assert run.values("query_start_loc") == batch.offsets()
+    assert run.values("query_start_loc_cpu") == batch.offsets()
     written = {w.field: w for w in attention.writes}
     assert set(written) == {"seq_lens"}
     assert written["seq_lens"].after == [1] * batch.total_reqs
@@ -46,11 +46,11 @@ def test_aiter_builder_shares_rocm_build(affected):
 
     build = RocmAttentionMetadataBuilder.build
     PATCH.apply()
-    cls = sc.backend_class(sc.ROCM_AITER_UNIFIED_ATTN).get_builder_cls()
+    cls = sc.backend_class("ROCM_AITER_UNIFIED_ATTN").get_builder_cls()
     assert issubclass(cls, RocmAttentionMetadataBuilder)
     assert cls.build is build
     assert PATCH.apply().status is Status.ALREADY
-    assert sc.backend_class(sc.ROCM_AITER_UNIFIED_ATTN).get_builder_cls() is cls
+    assert sc.backend_class("ROCM_AITER_UNIFIED_ATTN").get_builder_cls() is cls
 
 
 def test_revert_restores_vllm_builder_and_module(affected):
@@ -70,7 +70,7 @@ def test_revert_restores_vllm_builder_and_module(affected):
 
 def test_own_builder_pickles_by_name(affected):
     PATCH.apply()
-    cls = sc.backend_class(sc.ROCM_AITER_UNIFIED_ATTN).get_builder_cls()
+    cls = sc.backend_class("ROCM_AITER_UNIFIED_ATTN").get_builder_cls()
     assert cls.__name__ == cls.__qualname__ == mod.BUILDER
     assert pickle.loads(pickle.dumps(cls)) is cls
 
@@ -180,7 +180,7 @@ def test_backport_capture_writes_no_offsets_at_all(affected):
     import torch
 
     PATCH.apply()
-    cls = sc.backend_class(sc.ROCM_AITER_UNIFIED_ATTN).get_builder_cls()
+    cls = sc.backend_class("ROCM_AITER_UNIFIED_ATTN").get_builder_cls()
     builder = object.__new__(cls)
     metadata = MagicMock()
     metadata.seq_lens = torch.tensor([9, 9], dtype=torch.int32)

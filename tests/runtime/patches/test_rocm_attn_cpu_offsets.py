@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.conftest import run_fresh
-from vllm_capture_guard.tools import scenarios as sc
+from vllm_capture_guard.tools import harness as sc
 
 INDEXER_FILE = "vllm/models/minimax_m3/common/indexer.py"
 ASSERTION = "assert decode_query_len > 0"
@@ -21,8 +21,8 @@ def affected() -> bool:
     loads the guard), not by the guard's detection: a detection that wrongly
     said "not needed" must fail these tests, not skip them."""
     batch = sc.Batch(4)
-    run = sc.run_capture(sc.ROCM_ATTN, batch)
-    return run.query_start_loc_cpu_after != batch.offsets()
+    run = sc.run_capture("ROCM_ATTN", batch)
+    return run.values("query_start_loc_cpu") != batch.offsets()
 
 
 def _seed(mode: str) -> tuple[dict, int]:
@@ -53,12 +53,12 @@ def _run(result: dict, backend: str, batch: sc.Batch) -> dict:
     (run,) = [
         r
         for r in result["runs"]
-        if r["backend"] == backend and r["batch"]["label"] == batch.label()
+        if r["backend"] == backend and r["batch"] == batch.label()
     ]
     return run
 
 
-BACKENDS = pytest.mark.parametrize("backend", sc.ROCM_BACKENDS)
+BACKENDS = pytest.mark.parametrize("backend", sc.seed_backends())
 BATCHES = pytest.mark.parametrize("batch", sc.DEFAULT_BATCHES, ids=sc.Batch.label)
 
 
@@ -74,7 +74,7 @@ def test_failure_reproduced_in_process(backend, affected):
     assert failed.error.startswith("AssertionError")
     assert failed.error_site.startswith(INDEXER_FILE + ":")
     assert failed.error_line == ASSERTION
-    assert run.query_start_loc_cpu_after == [0] * 5
+    assert run.values("query_start_loc_cpu") == [0] * 5
 
 
 @BACKENDS
@@ -117,7 +117,7 @@ def test_capture_sequence_succeeds_with_guard(guarded, backend, batch):
 @BATCHES
 def test_rocm_attn_still_zeroes_device_offsets(guarded, batch):
     """The #25985 guard against the prefix-prefill fault stays in place."""
-    run = _run(guarded[0], sc.ROCM_ATTN, batch)
+    run = _run(guarded[0], "ROCM_ATTN", batch)
     assert run["query_start_loc_after"] == [0] * (batch.total_reqs + 1)
     (write,) = [
         w for w in run["groups"][0]["writes"] if w["field"] == "query_start_loc"

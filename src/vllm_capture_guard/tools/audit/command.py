@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``vllm-capture-guard audit``: exit 0 if no backend's capture writes shared
+CPU metadata, 1 if one does, 2 if the audit could not run."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def use_version_cache() -> str | None:
+    """Give this process a vLLM cache directory of its own per vLLM version,
+    unless ``VLLM_CACHE_ROOT`` is set. vLLM caches the model-class inspection
+    that a ``ModelConfig`` needs (a subprocess that imports vLLM again, the
+    slowest step of an audit) in one file per class, whatever the version, so
+    auditing two versions in turn would redo it on every run. Call before
+    importing vLLM; returns the directory chosen."""
+    from importlib.metadata import version
+
+    if os.environ.get("VLLM_CACHE_ROOT"):
+        return None
+    try:
+        ver = version("vllm")
+    except Exception:
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    root = str(Path(base) / "vllm-capture-guard" / f"vllm-{ver}")
+    os.environ["VLLM_CACHE_ROOT"] = root
+    return root
+
+
+def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
+    """Every registered backend's capture, as this install's vLLM processes
+    would run it: the guard is loaded through vLLM's plugin loader, following
+    VLLM_CAPTURE_GUARD and VLLM_PLUGINS as ``check`` does."""
+    from vllm_capture_guard.tools.failure import could_not_run, vllm_problem
+    from vllm_capture_guard.tools.guard import load_plugins_as_worker
+    from vllm_capture_guard.tools.harness import error_text
+
+    if as_json:  # keep stdout for the JSON: vLLM logs to stdout by default
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    use_version_cache()  # before vLLM is imported
+    broken = vllm_problem()
+    if broken:
+        return could_not_run("audit", broken, as_json)
+    try:
+        shown = load_plugins_as_worker()
+        from vllm_capture_guard.tools.audit.run import run_audit
+
+        result = run_audit(backends, guard_mode=shown)
+    except Exception as e:
+        return could_not_run("audit", error_text(e), as_json)
+    if as_json:
+        from vllm_capture_guard.tools.audit.schema import to_json
+
+        print(json.dumps(to_json(result), indent=2))
+    else:
+        from vllm_capture_guard.tools.audit.render import print_report
+
+        print_report(result)
+    if not result.built:
+        return 2
+    return 1 if result.cpu_writers else 0

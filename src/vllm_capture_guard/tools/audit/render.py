@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The audit as plain text: the one renderer.
+
+Why plain text and not rich: the audit runs in CI logs, pipes and vendor
+images where rich may be missing (it is no dependency of this package), and
+its lines are what tests and readers grep for. One renderer that prints the
+same lines everywhere beats a pretty table with a fallback that drifts. The
+Markdown pages in ``docs/`` are written from the JSON by
+``scripts/audit_docs.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from vllm_capture_guard.runtime import switch
+from vllm_capture_guard.runtime.contract import FieldWrite
+from vllm_capture_guard.tools.audit.schema import (
+    AuditResult,
+    BackendReport,
+    Built,
+    Sequenced,
+    Severity,
+)
+
+
+def coverage_line(result: AuditResult) -> str:
+    return (
+        f"coverage: built {result.built} of {result.registered} registered "
+        f"backends on this machine; {result.captured} of them ran their capture"
+    )
+
+
+def guard_line(result: AuditResult) -> str:
+    guard = result.guard or "not loaded"
+    return f"{switch.ENV}={result.guard_mode}; guard: {guard}"
+
+
+def verdict_line(result: AuditResult) -> str:
+    by = {b.name: b for b in result.backends}
+    if result.cpu_writers:
+        return "FAIL: capture writes shared CPU metadata: " + "; ".join(
+            f"{n} ({', '.join(by[n].cpu_writes)})" for n in result.cpu_writers
+        )
+    return "OK: no built backend's capture writes shared CPU metadata"
+
+
+def _sequenced_lines(name: str, s: Sequenced) -> list[str]:
+    lines = []
+    failed = [r for r in s.per_batch if r.verdict is Severity.FAILS]
+    if failed:
+        lines.append(
+            f"{name} -> {s.later}: FAILS after this capture in {len(failed)}/"
+            f"{len(s.per_batch)} batches: {failed[0].error}"
+        )
+    paths: dict[str, tuple[str, Any]] = {}
+    for row in s.per_batch:
+        for d in row.differences:
+            paths.setdefault(d.path, (row.batch, d))
+    for path, (batch, d) in paths.items():
+        lines.append(
+            f"{name} -> {s.later}: {path} ({d.severity}) differs; {batch}: "
+            f"alone {d.alone}, after {d.sequenced}"
+        )
+    return lines
+
+
+def findings(result: AuditResult) -> list[str]:
+    """Each shared field a capture wrote (values from the first batch that
+    wrote it) and, per later builder, each place where its metadata after
+    this capture differs from its metadata alone."""
+    lines = []
+    for b in result.backends:
+        by_field: dict[str, list[tuple[str, FieldWrite]]] = {}
+        for batch, w in b.writes:
+            by_field.setdefault(w.field, []).append((batch, w))
+        for field, hits in by_field.items():
+            batch, w = hits[0]
+            lines.append(
+                f"{b.name} wrote {field} ({w.side}) in {len(hits)}/"
+                f"{len(b.captures)} batches; {batch}: {w.before} -> {w.after}"
+            )
+        for s in b.sequenced:
+            lines += _sequenced_lines(b.name, s)
+    return lines
+
+
+def _backend_line(b: BackendReport) -> str:
+    if b.status is not Built.BUILT:
+        return f"  {b.name}: skipped ({b.reason})"
+    builder = (b.builder_class or "?").rsplit(".", 1)[-1]
+    seq = ", ".join(f"then {s.later}: {s.verdict}" for s in b.sequenced)
+    raised = next((c.error for c in b.captures if c.error), None)
+    text = (
+        f"  {b.name} [{builder}, {b.cudagraph_support}]: {b.verdict}; "
+        f"cpu writes {', '.join(b.cpu_writes) or '-'}; "
+        f"device writes {', '.join(b.device_writes) or '-'}"
+    )
+    if b.rebinds:
+        text += f"; rebinds {', '.join(b.rebinds)}"
+    if seq:
+        text += f"; {seq}"
+    if raised and not b.captured:
+        text += f"; capture raised: {raised}"
+    return text
+
+
+def lines(result: AuditResult) -> list[str]:
+    later = ", ".join(
+        s.name + (f" (unavailable: {s.problem})" if s.problem else "")
+        for s in result.later
+    )
+    out = [
+        f"vllm-capture-guard audit of vLLM {result.vllm}",
+        guard_line(result),
+        f"capture batches: {', '.join(result.batches)}; later builders: {later}",
+    ]
+    built = [b for b in result.backends if b.status is Built.BUILT]
+    skipped = [b for b in result.backends if b.status is not Built.BUILT]
+    out += [_backend_line(b) for b in built]
+    if skipped:
+        out.append(f"skipped: cannot be built on this machine ({len(skipped)})")
+        out += [_backend_line(b) for b in skipped]
+    found = findings(result)
+    if found:
+        out.append("findings:")
+        out += ["  " + line for line in found]
+    out += [coverage_line(result), verdict_line(result)]
+    return out
+
+
+def print_report(result: AuditResult, say: Callable[[str], None] = print) -> None:
+    for line in lines(result):
+        say(line)

@@ -1,0 +1,152 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the audit finds, as data: the schema of ``audit --json``.
+
+Plain dataclasses, written with :func:`dataclasses.asdict` and read back,
+validated, with pydantic (:func:`from_json`), so that the docs generator
+(``scripts/audit_docs.py``) and the tests read attributes, not string keys.
+Every value the JSON carries is a field here; nothing is computed on output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vllm_capture_guard.runtime.contract import Choice, FieldWrite
+
+
+class Severity(Choice):
+    """How a later builder's metadata after a capture differs from alone."""
+
+    #: it raises after this capture (and not alone): startup dies.
+    FAILS = "fails"
+    #: a host value differs (a Python scalar, a shape or dtype, a host
+    #: tensor): baked into the captured graph.
+    HOST = "host"
+    #: only device tensor values differ: seen by kernels run during capture.
+    DEVICE = "device"
+    #: only the later builder's own persistent buffers differ.
+    BUILDER = "builder"
+    EQUAL = "equal"
+    NOT_APPLICABLE = "n/a"
+
+
+#: Worst first.
+SEVERITY = tuple(Severity)
+
+
+class Verdict(Choice):
+    """A backend's verdict, worst first."""
+
+    HAZARD = "HAZARD"
+    CAPTURE_TIME = "capture-time only"
+    CONTAINED = "contained"
+    CLEAN = "clean"
+    NOT_RUN = "not run"
+
+
+class Built(Choice):
+    BUILT = "built"
+    SKIPPED = "skipped"
+
+
+@dataclasses.dataclass
+class Divergence:
+    """One place where a later builder's metadata differs from alone."""
+
+    path: str
+    severity: Severity
+    alone: str
+    sequenced: str
+
+
+@dataclasses.dataclass
+class BatchCheck:
+    """The sequenced check on one batch."""
+
+    batch: str
+    verdict: Severity
+    differences: list[Divergence] = dataclasses.field(default_factory=list)
+    note: str | None = None
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class Sequenced:
+    """The sequenced check of one backend against one later builder."""
+
+    later: str
+    verdict: Severity
+    per_batch: list[BatchCheck]
+
+
+@dataclasses.dataclass
+class CaptureOutcome:
+    """One capture of the audited builder on fresh runner buffers."""
+
+    batch: str
+    writes: list[FieldWrite]
+    rebinds: list[str]
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class BackendReport:
+    registry: str
+    name: str
+    status: Built
+    reason: str | None = None
+    backend_class: str | None = None
+    builder_class: str | None = None
+    spec: str | None = None
+    spec_source: str | None = None
+    cudagraph_support: str | None = None
+    captures: list[CaptureOutcome] = dataclasses.field(default_factory=list)
+    sequenced: list[Sequenced] = dataclasses.field(default_factory=list)
+    # Summaries of the above, set once by the run (``audit.run.summarise``).
+    captured: bool = False
+    cpu_writes: list[str] = dataclasses.field(default_factory=list)
+    device_writes: list[str] = dataclasses.field(default_factory=list)
+    rebinds: list[str] = dataclasses.field(default_factory=list)
+    verdict: Verdict = Verdict.NOT_RUN
+
+    @property
+    def writes(self) -> list[tuple[str, FieldWrite]]:
+        """(batch, write) for every write of every capture."""
+        return [(c.batch, w) for c in self.captures for w in c.writes]
+
+
+@dataclasses.dataclass
+class LaterBuilder:
+    name: str
+    problem: str | None = None
+
+
+@dataclasses.dataclass
+class AuditResult:
+    vllm: str
+    guard_mode: str
+    guard: str | None
+    registered: int
+    built: int
+    captured: int
+    cpu_writers: list[str]  # backends whose capture writes shared CPU fields
+    batches: list[str]
+    later: list[LaterBuilder]
+    timings: dict[str, float]
+    vllm_cache_root: str | None
+    backends: list[BackendReport]
+
+
+def to_json(result: AuditResult) -> dict[str, Any]:
+    return dataclasses.asdict(result)
+
+
+def from_json(data: dict[str, Any] | str) -> AuditResult:
+    """An :class:`AuditResult` from ``audit --json`` output, validated."""
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(AuditResult)
+    if isinstance(data, str):
+        return adapter.validate_json(data)
+    return adapter.validate_python(data)

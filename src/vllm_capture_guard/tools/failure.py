@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How a command says it could not run: exit status 2 and one line (or one
+JSON object with ``--json``), never a traceback. Also: is vLLM usable here?"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from vllm_capture_guard.runtime.plugin import PREFIX
+
+
+def one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def vllm_problem(import_it: bool = True) -> str | None:
+    """Why vLLM cannot be used in this Python, in one line; None if it is
+    installed (and, with ``import_it``, imports)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except Exception as e:
+        return f"vLLM cannot be found: {one_line(e)}"
+    if not found:
+        return f"vLLM is not installed in this Python ({sys.executable})"
+    if not import_it:
+        return None
+    try:
+        import vllm  # noqa: F401
+    except (Exception, SystemExit) as e:  # a broken install may exit on import
+        return f"vLLM is installed but fails to import: {one_line(e)}"
+    return None
+
+
+def could_not_run(command: str, reason: str, as_json: bool) -> int:
+    """Exit status 2 with one line (or one JSON object) saying why."""
+    if as_json:
+        print(json.dumps({"ok": False, "command": command, "error": reason}))
+    else:
+        print(f"{PREFIX} {command} could not run: {reason}")
+    return 2

@@ -1,0 +1,69 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The capture harness: vLLM's real builders driven the way the model runner
+drives them during full CUDA-graph capture, with no Hub, network or GPU.
+
+``model``   a real ``VllmConfig`` for a tiny MiniMax-M3, real builders;
+``runner``  batches as data and the runner's persistent buffers;
+``capture`` the one harness (shared metadata, per-group shallow copies);
+``seed``    the seed scenario (a patched backend, then MiniMax-M3's indexer).
+"""
+
+from vllm_capture_guard.tools.harness.capture import (
+    CaptureRun,
+    GroupCapture,
+    capture,
+    describe,
+    error_site,
+    error_text,
+)
+from vllm_capture_guard.tools.harness.model import (
+    ATTN_LAYER,
+    BLOCK_SIZE,
+    HEAD_SIZE,
+    INDEXER_LAYER,
+    TINY_MINIMAX_M3,
+    attention_builder,
+    backend_class,
+    indexer_builder,
+    make_builder,
+    make_vllm_config,
+    write_tiny_model,
+)
+from vllm_capture_guard.tools.harness.runner import (
+    DEFAULT_BATCHES,
+    Batch,
+    RunnerBuffers,
+    shared_metadata,
+)
+from vllm_capture_guard.tools.harness.seed import (
+    decode_query_len,
+    run_capture,
+    seed_backends,
+)
+
+__all__ = [
+    "ATTN_LAYER",
+    "BLOCK_SIZE",
+    "DEFAULT_BATCHES",
+    "HEAD_SIZE",
+    "INDEXER_LAYER",
+    "TINY_MINIMAX_M3",
+    "Batch",
+    "CaptureRun",
+    "GroupCapture",
+    "RunnerBuffers",
+    "attention_builder",
+    "backend_class",
+    "capture",
+    "decode_query_len",
+    "describe",
+    "error_site",
+    "error_text",
+    "indexer_builder",
+    "make_builder",
+    "make_vllm_config",
+    "run_capture",
+    "seed_backends",
+    "shared_metadata",
+    "write_tiny_model",
+]

@@ -1,0 +1,90 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run something against another vLLM release: the one way the oracle and
+the version matrix do it.
+
+Each other release is a folder ``<envs>/vllm-X`` made by ``pip install
+--no-deps --target`` (``scripts/make-envs.sh``); a process runs against it
+when that folder comes first on ``PYTHONPATH``, in front of the venv's own
+vLLM. ``<envs>`` is ``$CAPTURE_GUARD_ENVS``, else ``.envs``. A release with
+no folder is the interpreter's own vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ENVS_VAR = "CAPTURE_GUARD_ENVS"
+DEFAULT_ENVS = ".envs"
+
+
+def src_dir() -> Path:
+    """The folder this package is imported from (``src`` of a checkout)."""
+    import vllm_capture_guard
+
+    return Path(vllm_capture_guard.__file__).resolve().parents[1]
+
+
+def env_dir(version: str | None, envs: str | os.PathLike | None = None) -> Path | None:
+    """``<envs>/vllm-<version>`` if it exists, else None (the interpreter's
+    own vLLM is meant, as with ``version=None``)."""
+    if version is None:
+        return None
+    root = Path(envs or os.environ.get(ENVS_VAR) or DEFAULT_ENVS)
+    path = root / f"vllm-{version}"
+    return path.resolve() if path.is_dir() else None
+
+
+def env_for(
+    version: str | None,
+    overrides: Mapping[str, str | None] | None = None,
+    envs: str | os.PathLike | None = None,
+) -> dict[str, str]:
+    """The process environment that runs this package against ``version``;
+    ``overrides`` set (or, with None, remove) variables. vLLM logs to stderr,
+    so that stdout stays the tool's."""
+    env = dict(os.environ)
+    path = [str(src_dir())]
+    target = env_dir(version, envs)
+    if target is not None:
+        path.append(str(target))
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+    for key, value in (overrides or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def run_in(
+    version: str | None,
+    args: Sequence[str],
+    overrides: Mapping[str, str | None] | None = None,
+    envs: str | os.PathLike | None = None,
+    timeout: float = 900,
+    **kwargs,
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a fresh interpreter against vLLM ``version``."""
+    return subprocess.run(
+        [sys.executable, *args],
+        env=env_for(version, overrides, envs),
+        text=True,
+        timeout=timeout,
+        **{"capture_output": True, **kwargs},
+    )
+
+
+def wrong_release(version: str, found: str) -> str | None:
+    """Why a run asked for ``version`` but got ``found``, or None."""
+    if found == version:
+        return None
+    return (
+        f"asked for vLLM {version} but the environment has {found}; build it "
+        f"(make envs) or point {ENVS_VAR} at a folder of vllm-X targets"
+    )

@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The two wings: what runs inside ``vllm serve`` (runtime/) imports nothing
+from the tools wing, and no source file grows past what one reader holds."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import vllm_capture_guard
+from tests.conftest import run_snippet
+
+PACKAGE = Path(vllm_capture_guard.__file__).parent
+MAX_LINES = 400
+
+# Fresh interpreter: the tools wing cannot be imported at all; the plugin is
+# loaded by vLLM's own loader and its hooks fire when vLLM imports a backend.
+BLOCKED = """
+import importlib.abc, json, sys
+
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "vllm_capture_guard.tools" or name.startswith(
+            "vllm_capture_guard.tools."
+        ):
+            raise ImportError(f"blocked: {name}")
+        return None
+
+sys.meta_path.insert(0, Blocker())
+import vllm.plugins
+vllm.plugins.load_general_plugins()
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+AttentionBackendEnum["ROCM_ATTN"].get_class()  # what vLLM does before capture
+from vllm_capture_guard.runtime import plugin
+r = plugin.report()
+print(json.dumps({
+    "action": r.action,
+    "failures": r.failures,
+    "outcomes": {k: o.status.value for k, o in r.outcomes.items()},
+    "tools": sorted(m for m in sys.modules if m.startswith("vllm_capture_guard.t")),
+}))
+"""
+
+
+def test_runtime_runs_with_the_tools_wing_unimportable():
+    out, logs = run_snippet(BLOCKED, VLLM_CAPTURE_GUARD="on")
+    assert out["tools"] == []
+    assert out["failures"] == [], logs[-3000:]
+    assert out["action"] in ("patched", "not needed"), out
+    assert "rocm-attn-cpu-offsets" in out["outcomes"]
+    assert "blocked:" not in logs
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def test_runtime_sources_name_no_tools_module():
+    runtime = sorted((PACKAGE / "runtime").rglob("*.py"))
+    assert len(runtime) >= 5
+    for path in runtime:
+        bad = [m for m in _imports(path) if m.startswith("vllm_capture_guard.tools")]
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_no_source_file_is_longer_than_one_reader_holds():
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, long
