@@ -158,7 +158,7 @@ import vllm.v1.attention.backends.rocm_attn
 import vllm.v1.attention.backends.rocm_aiter_unified_attn
 from vllm_capture_guard.tools.check import run_seed
 result = run_seed()
-print(json.dumps({"after_load": after_load, "calls": calls, "ok": result["ok"],
+print(json.dumps({"after_load": after_load, "calls": calls, "ok": result.ok,
                   "action": plugin.report().action}))
 """
 

@@ -35,9 +35,7 @@ def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
     """Every registered backend's capture, as this install's vLLM processes
     would run it: the guard is loaded through vLLM's plugin loader, following
     VLLM_CAPTURE_GUARD and VLLM_PLUGINS as ``check`` does."""
-    from vllm_capture_guard.tools.failure import could_not_run, vllm_problem
-    from vllm_capture_guard.tools.guard import load_plugins_as_worker
-    from vllm_capture_guard.tools.harness import error_text
+    from vllm_capture_guard.tools.failure import could_not_run, one_line, vllm_problem
 
     if as_json:  # keep stdout for the JSON: vLLM logs to stdout by default
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -45,6 +43,11 @@ def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
     broken = vllm_problem()
     if broken:
         return could_not_run("audit", broken, as_json)
+    try:
+        from vllm_capture_guard.tools.guard import load_plugins_as_worker
+        from vllm_capture_guard.tools.harness import error_text
+    except Exception as e:  # torch or numpy missing
+        return could_not_run("audit", one_line(e), as_json)
     try:
         shown = load_plugins_as_worker()
         from vllm_capture_guard.tools.audit.run import run_audit
