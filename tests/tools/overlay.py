@@ -12,7 +12,6 @@ The installed release is never written to.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -82,19 +81,10 @@ def snapshot(tree_root: Path) -> dict[str, bytes]:
 
 def overlay_env(overlay: Path, base: Path, **extra: str | None) -> dict[str, str]:
     """A process environment whose ``vllm`` is the overlay's."""
-    env = dict(os.environ)
-    path = [str(SRC), str(overlay)]
+    path = [SRC, overlay]
     if base != PURELIB:
-        path.append(str(base))  # what the release's folder holds besides vllm
-    env["PYTHONPATH"] = os.pathsep.join(path)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
-    for key, value in extra.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
+        path.append(base)  # what the release's folder holds besides vllm
+    return releases.env_with(path, extra)
 
 
 def run_in(

@@ -38,20 +38,15 @@ def env_dir(version: str | None, envs: str | os.PathLike | None = None) -> Path 
     return path.resolve() if path.is_dir() else None
 
 
-def env_for(
-    version: str | None,
+def env_with(
+    path: Sequence[str | os.PathLike],
     overrides: Mapping[str, str | None] | None = None,
-    envs: str | os.PathLike | None = None,
 ) -> dict[str, str]:
-    """The process environment that runs this package against ``version``;
-    ``overrides`` set (or, with None, remove) variables. vLLM logs to stderr,
-    so that stdout stays the tool's."""
+    """This process's environment with ``path`` as ``PYTHONPATH``; ``overrides``
+    set (or, with None, remove) variables. vLLM logs to stderr, so that stdout
+    stays the tool's."""
     env = dict(os.environ)
-    path = [str(src_dir())]
-    target = env_dir(version, envs)
-    if target is not None:
-        path.append(str(target))
-    env["PYTHONPATH"] = os.pathsep.join(path)
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
     for key, value in (overrides or {}).items():
@@ -60,6 +55,17 @@ def env_for(
         else:
             env[key] = value
     return env
+
+
+def env_for(
+    version: str | None,
+    overrides: Mapping[str, str | None] | None = None,
+    envs: str | os.PathLike | None = None,
+) -> dict[str, str]:
+    """The process environment that runs this package against ``version``."""
+    target = env_dir(version, envs)
+    path = [src_dir()] if target is None else [src_dir(), target]
+    return env_with(path, overrides)
 
 
 def run_in(

@@ -11,6 +11,7 @@ file is still exactly what ``--apply`` made of its saved original.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from vllm_capture_guard.tools.tree import aiter_builder, cpu_offsets, model
 from vllm_capture_guard.tools.tree.locate import Tree
@@ -45,19 +46,18 @@ def inspect_bytes(tree: Tree, data: dict[str, bytes | None]) -> list[model.Findi
         except Unrecognised as e:
             broken[inside] = str(e)
     a_rel, b_rel = tree.rel(cpu_offsets.FILE), tree.rel(aiter_builder.FILE)
+
+    def unrecognised(fix: Any, rel: str) -> model.Finding:
+        why = broken[fix.FILE]
+        return model.Finding(fix.FIX, fix.PR, rel, model.UNRECOGNISED, why)
+
     capture = None
     if cpu_offsets.FILE in broken:
-        a = model.Finding(
-            cpu_offsets.FIX, cpu_offsets.PR, a_rel, model.UNRECOGNISED,
-            broken[cpu_offsets.FILE],
-        )  # fmt: skip
+        a = unrecognised(cpu_offsets, a_rel)
     else:
         a, capture = cpu_offsets.inspect(sources[cpu_offsets.FILE], a_rel)
     if aiter_builder.FILE in broken:
-        b = model.Finding(
-            aiter_builder.FIX, aiter_builder.PR, b_rel, model.UNRECOGNISED,
-            broken[aiter_builder.FILE],
-        )  # fmt: skip
+        b = unrecognised(aiter_builder, b_rel)
     else:
         b = aiter_builder.inspect(sources[aiter_builder.FILE], b_rel, capture)
     return [a, b]
