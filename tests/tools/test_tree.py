@@ -225,7 +225,7 @@ def test_accepted_variations_are_fixed(name, tmp_path, capsys):
 def test_edited_after_apply_is_refused(affected, capsys):
     assert patch(capsys, "--apply", "--tree", str(affected))[0] == 0
     path = affected / "vllm" / FILES[1]
-    path.write_bytes(path.read_bytes().replace(b"offset.copy_(", b"offset.add_("))
+    path.write_bytes(path.read_bytes().replace(b".fill_(1)", b".fill_(2)"))
     before = state(affected)
     code, out, _ = patch(capsys, "--check", "--tree", str(affected))
     assert code == 2 and "not what this fix writes" in out

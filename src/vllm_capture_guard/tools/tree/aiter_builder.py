@@ -10,12 +10,13 @@ upstream's (:data:`BUILDER`), before the backend class, and makes
 ``get_builder_cls()`` return it.
 
 Its capture is the one the runtime patch installs
-(:mod:`vllm_capture_guard.runtime.patches.rocm_aiter_unified_builder`): the
-ROCm builder's own capture (so ``seq_lens`` is set to 1, the hot path
-``build()`` is inherited), then the caller's ``query_start_loc`` and
-``query_start_loc_cpu`` values put back. It reproduces upstream's builder
-whatever else a vendor's ROCm capture does, and the differential oracle
-checks it against 0.29.0.
+(:mod:`vllm_capture_guard.runtime.patches.rocm_aiter_unified_builder`):
+``self.build(0, common_attn_metadata)`` (the inherited hot path), the
+returned ``seq_lens`` set to 1, and no other write. It does not zero the
+offsets and put them back: a host write to the runner's pinned
+``query_start_loc_cpu`` could race the non-blocking copy to the device that
+vLLM issued just before capture. The differential oracle checks it against
+0.29.0.
 
 Recognised, by structure (anything else is refused):
 
@@ -72,16 +73,11 @@ BLOCK = (
     b'    offsets alone: the unified attention kernel reads them at replay."""',
     b"",
     f"    def {METHOD}(self, common_attn_metadata):".encode(),
-    b"        # The ROCm capture (seq_lens set to 1), then the offsets put back.",
-    b"        offsets = (",
-    b"            common_attn_metadata.query_start_loc,",
-    b"            common_attn_metadata.query_start_loc_cpu,",
-    b"        )",
-    b"        saved = [offset.clone() for offset in offsets]",
-    b"        metadata = super().build_for_cudagraph_capture(common_attn_metadata)",
-    b"        for offset, values in zip(offsets, saved):",
-    b"            offset.copy_(values)",
-    b"        return metadata",
+    b"        # Capture with sequence lengths of 1, as every ROCm capture does,",
+    b"        # and write nothing else: no offset is zeroed, none is put back.",
+    b"        attn_metadata = self.build(0, common_attn_metadata)",
+    b"        attn_metadata.seq_lens.fill_(1)",
+    b"        return attn_metadata",
 )
 BLANK_AFTER = 2
 
