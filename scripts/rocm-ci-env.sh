@@ -128,7 +128,7 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cp -r "$root/pyproject.toml" "$root/README.md" "$root/LICENSE" "$root/src" "$scratch/"
 isolation=()
-if "$python" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 68)' 2>/dev/null; then
+if "$python" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null; then
     isolation=(--no-build-isolation)
 fi
 "${pip[@]}" --no-deps "${isolation[@]}" "$scratch"

@@ -81,6 +81,18 @@ def shell(commands: list[str], env: dict[str, str], cwd: Path):
     )
 
 
+def test_snippets_install_the_built_wheel_not_from_an_index():
+    """The package is not on PyPI: each snippet copies the built wheel in and
+    installs it with no index."""
+    for kind, lines in dockerfiles().items():
+        text = " ".join(lines)
+        assert "COPY dist/ /tmp/capture-guard/" in text, kind
+        installs = re.findall(r"pip install [^&\\]*", text)
+        assert installs, kind
+        for install in installs:
+            assert "--no-index --find-links /tmp/capture-guard" in install, install
+
+
 def test_snippets_say_what_the_text_says():
     wheels, _ = run_commands(dockerfiles()["wheels"])
     source, workdir = run_commands(dockerfiles()["source"])

@@ -183,3 +183,38 @@ def test_accepted_variation_passes_with_guard_off(name, tmp_path):
     assert apply.returncode == 0, apply.stdout
     after = run_in(off, *CHECK)
     assert after.returncode == 0, after.stdout + after.stderr[-2000:]
+
+
+#: The patched file's own AITER builder on mocks: every call on the offsets
+#: would be recorded (a zero-then-restore included, which no value compare sees).
+NO_OFFSET_WRITES = """
+import json, torch
+from unittest.mock import MagicMock
+from vllm.v1.attention.backends import rocm_aiter_unified_attn as m
+cls = m.RocmAiterUnifiedAttentionBackend.get_builder_cls()
+builder = object.__new__(cls)
+metadata = MagicMock()
+metadata.seq_lens = torch.tensor([9, 9], dtype=torch.int32)
+builder.build = MagicMock(return_value=metadata)
+common = MagicMock()
+got = builder.build_for_cudagraph_capture(common)
+print(json.dumps({
+    "builder": cls.__name__, "module": cls.__module__, "file": m.__file__,
+    "returns": got is metadata, "build_calls": len(builder.build.call_args_list),
+    "seq_lens": metadata.seq_lens.tolist(),
+    "offset_calls": [str(c) for c in common.query_start_loc.method_calls
+                     + common.query_start_loc_cpu.method_calls],
+}))
+"""
+
+
+def test_patched_aiter_builder_writes_no_offsets(patched):
+    proc = run_in(patched.env(VLLM_CAPTURE_GUARD="off"), "-c", NO_OFFSET_WRITES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["builder"] == "RocmAiterUnifiedAttentionMetadataBuilder"
+    assert out["module"] == "vllm.v1.attention.backends.rocm_aiter_unified_attn"
+    assert out["file"].startswith(str(patched.root))
+    assert out["returns"] and out["build_calls"] == 1
+    assert out["seq_lens"] == [1, 1]
+    assert out["offset_calls"] == []

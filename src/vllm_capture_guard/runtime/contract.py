@@ -23,7 +23,7 @@ This module states that rule once, in code:
   a builder's buffers) into plain JSON values, and :func:`diff` compares two
   encoded values, path by path: the one encoder and differ of the project;
 * :func:`preserved` restores named fields' values after a block, which is how
-  the patches undo exactly the writes upstream stopped making.
+  the ROCm patch undoes the one write upstream stopped making.
 """
 
 from __future__ import annotations

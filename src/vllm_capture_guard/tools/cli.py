@@ -24,10 +24,12 @@ ROCM_ATTN / ROCM_AITER_UNIFIED_ATTN, "assert decode_query_len > 0"), is the
 guard active, and does capture now get past vLLM's metadata builders?
 
 Exit codes:
-  0  status printed; check passes; audit finds no shared CPU write
+  0  status printed; check passes; audit finds no shared CPU write; patch
+     done or nothing to do
   1  check: startup would still fail; audit: a capture writes shared CPU
-     metadata
+     metadata; patch --check: the tree needs the fix
   2  could not run (vLLM not installed or not importable, or another error);
+     patch: the tree is not recognised, or the change was refused;
      the reason is printed on one line, or as {"ok": false, "error": ...}
      with --json
 """

@@ -226,7 +226,7 @@ def _patches() -> tuple[Patch, ...]:
     )
 
     # Order matters: the AITER backport subclasses the builder that the first
-    # one guards, and its module imports the first one's.
+    # one guards, and vLLM imports rocm_attn before the AITER module.
     return (RocmAttnCpuOffsets(), RocmAiterUnifiedBuilder())
 
 

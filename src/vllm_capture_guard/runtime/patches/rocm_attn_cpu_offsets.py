@@ -43,7 +43,11 @@ Detected:
 How:
     The class gets its own ``build_for_cudagraph_capture``: the method it
     resolved before, run unchanged (the #25985 guard included), after which the
-    values of the caller's ``query_start_loc_cpu`` are put back. The device
+    values of the caller's ``query_start_loc_cpu`` are put back. That host
+    buffer is briefly zeroed, as before; the device copy vLLM made of it just
+    before capture is not affected in a way a later builder could see: the
+    capture's own ``query_start_loc.zero_()`` runs after that copy on the same
+    stream and zeroes the device offsets in any case, as 0.29.0 does. The device
     ``query_start_loc`` stays zeroed, as in 0.29.0. ``build()``, the serving
     hot path, is not touched. Where the base class needed the fix, a class
     derived from it later (a vendor backend module imported afterwards) is

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -62,15 +63,37 @@ def record_in(
     return result
 
 
+HELP = """\
+The differential oracle: patched releases against upstream's fixed one.
+
+Exit codes:
+  0  recorded; every candidate MATCHES the reference
+  1  a candidate DIFFERS from the reference
+  2  could not run (a release's environment missing, vLLM failing, ...)
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {MODULE}",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    p_rec = sub.add_parser("record", help="record this vLLM's capture as JSON")
+    p_rec = sub.add_parser(
+        "record", help="record this vLLM's capture as JSON (exit 0; 2 error)"
+    )
     p_rec.add_argument("--out", required=True)
-    p_cmp = sub.add_parser("compare", help="candidates against a reference record")
+    p_cmp = sub.add_parser(
+        "compare",
+        help="candidates against a reference record (exit 0 match, 1 differ, 2 error)",
+    )
     p_cmp.add_argument("reference")
     p_cmp.add_argument("candidates", nargs="+")
-    p_run = sub.add_parser("run", help="record in each release's env, compare")
+    p_run = sub.add_parser(
+        "run",
+        help="record in each release's env, compare (exit 0 match, 1 differ, 2 error)",
+    )
     p_run.add_argument("--reference", default=REFERENCE)
     p_run.add_argument("--candidate", action="append", dest="candidates")
     p_run.add_argument("--mode", default="on", help="guard mode on the candidates")
@@ -83,6 +106,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except Exception as e:  # never a traceback that reads as "differs"
+        from vllm_capture_guard.tools.failure import one_line
+
+        print(f"oracle {args.command} could not run: {one_line(e)}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.command == "record":
         from vllm_capture_guard.tools.oracle.record import record
 

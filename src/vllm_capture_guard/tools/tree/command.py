@@ -234,6 +234,9 @@ def run(args: argparse.Namespace) -> int:
     except (TreeError, Refused, WriteError) as e:
         print(f"{PROG}: refused: {e}", file=out)
         return 2
+    except OSError as e:  # a file we cannot read: not "needs the fix"
+        print(f"{PROG}: could not read the tree: {e}", file=out)
+        return 2
 
 
 def verdict(tree: Tree | None = None) -> dict[str, Any]:

@@ -4,19 +4,33 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 from vllm_capture_guard.tools.tree.source import Edit
 
-#: The file has the bug and we recognise it: the fix applies.
-NEEDED = "needs the fix"
-#: The file carries our backport (marker comments and the fixed structure).
-APPLIED = "carries the in-tree fix"
-#: The file already behaves as upstream's fixed release: nothing to do.
-UPSTREAM = "fixed upstream"
-#: The file is not in this tree (the backend does not exist): nothing to do.
-ABSENT = "absent"
-#: The file is not one we recognise: we refuse, and write nothing.
-UNRECOGNISED = "not recognised"
+
+class State(str, enum.Enum):
+    """What one file is, for one fix."""
+
+    #: The file has the bug and we recognise it: the fix applies.
+    NEEDED = "needs the fix"
+    #: The file carries our backport (marker comments and the fixed structure).
+    APPLIED = "carries the in-tree fix"
+    #: The file already behaves as upstream's fixed release: nothing to do.
+    UPSTREAM = "fixed upstream"
+    #: The file is not in this tree (the backend does not exist): nothing to do.
+    ABSENT = "absent"
+    #: The file is not one we recognise: we refuse, and write nothing.
+    UNRECOGNISED = "not recognised"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+NEEDED, APPLIED, UPSTREAM, ABSENT, UNRECOGNISED = State
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +38,7 @@ class Finding:
     fix: str  # the runtime patch's name, e.g. "rocm-attn-cpu-offsets"
     pr: str  # "#51585"
     rel: str  # the file, relative to the tree's root
-    state: str
+    state: State
     detail: str
     edits: tuple[Edit, ...] = ()
 
