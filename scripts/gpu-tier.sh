@@ -89,6 +89,11 @@ PY
   rm -rf "$dest/repo" && mkdir -p "$dest/repo"
   (cd "$root" && tar -cf - --exclude=__pycache__ src tests scripts pyproject.toml) |
     tar -xf - -C "$dest/repo"
+  # which code this snapshot is, for the results (a "+" marks local changes)
+  local commit
+  commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git -C "$root" diff --quiet HEAD 2>/dev/null || commit="$commit+"
+  echo "$commit" >"$dest/repo/COMMIT"
 
   # 4. Entry points, as an installed package would have them.
   rm -rf "$dest/meta" && mkdir -p "$dest/meta"
@@ -142,6 +147,8 @@ run() {
   export PYTHONPATH="$site:$dest/meta:$dest/repo/src:$dest/repo"
   export VLLM_CAPTURE_GUARD=on HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
   export GPU_TIER_RESULTS="$out/gpu-results.json"
+  GPU_TIER_COMMIT=$(cat "$dest/repo/COMMIT" 2>/dev/null || echo unknown)
+  export GPU_TIER_COMMIT
   nvidia-smi -L 2>/dev/null || true
   local rc=0
   (cd "$dest/repo" && python3 -m pytest tests/gpu -v -p no:cacheprovider) \

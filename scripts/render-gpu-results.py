@@ -36,6 +36,7 @@ def render(data: dict) -> str:
         f"{env.get('cuda')}, HIP {env.get('hip')}); triton {env.get('triton')}; "
         f"vLLM {env.get('vllm')} on vLLM's `{env.get('platform')}`",
         f"- guard: {data.get('guard')}",
+        f"- code: this repository at commit {data.get('commit', 'unknown')}",
         f"- pytest session: {data.get('session_seconds')} s; whole run on the "
         f"machine (install + pytest): {data.get('run_seconds')} s",
         "",

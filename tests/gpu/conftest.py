@@ -18,6 +18,7 @@ def gpu_results():
     """A dict the tests fill; written to ``$GPU_TIER_RESULTS`` at the end."""
     started = time.time()
     data: dict = {"env": {}, "guard": None, "unguarded": [], "cases": []}
+    data["commit"] = os.environ.get("GPU_TIER_COMMIT", "unknown")
     yield data
     data["session_seconds"] = round(time.time() - started, 1)
     path = os.environ.get(RESULTS_ENV)
