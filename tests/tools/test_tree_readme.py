@@ -86,11 +86,11 @@ def test_snippets_install_the_built_wheel_not_from_an_index():
     installs it with no index."""
     for kind, lines in dockerfiles().items():
         text = " ".join(lines)
-        assert "COPY dist/ /tmp/capture-guard/" in text, kind
+        assert "COPY dist/ /capture-guard-dist/" in text, kind
         installs = re.findall(r"pip install [^&\\]*", text)
         assert installs, kind
         for install in installs:
-            assert "--no-index --find-links /tmp/capture-guard" in install, install
+            assert "--no-index --find-links /capture-guard-dist" in install, install
 
 
 def test_snippets_say_what_the_text_says():
