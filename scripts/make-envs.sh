@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # The other vLLM releases of the version matrix and the oracle, beside the base
 # venv: each one is `pip install --no-deps --target ENVS/vllm-X vllm==X` (plus
-# requirements/vllm-X.txt where that release imports more than the base venv
+# requirements/vllm-X.txt, if a release ever imports more than the base venv
 # holds). Put first on PYTHONPATH, a target wins over the venv's own vLLM, and
 # importlib.metadata reports its version. The base venv supplies torch etc.
 #   scripts/make-envs.sh PYTHON ENVS_DIR VERSION...

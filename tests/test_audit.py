@@ -61,7 +61,7 @@ def test_compare_classes_differences_by_where_they_are(indexer):
 def test_host_tensor_values_count_as_host_device_ones_as_device():
     import torch
 
-    from vllm_capture_guard.runtime.contract import encode
+    from vllm_capture_guard.tools.contract import encode
 
     def built(k: int):
         lens = torch.arange(3) + k

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The contract on a real CommonAttentionMetadata: in-place writes are seen,
-rebinding a field on a shallow copy is not, `preserved` restores values, the
+rebinding a field on a shallow copy is not, the
 one CPU/device rule holds for every field vLLM declares, and the encoder and
 differ find what differs."""
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_capture_guard.runtime.contract import (
+from vllm_capture_guard.tools.contract import (
     CPU,
     DEVICE,
     Change,
@@ -23,11 +23,8 @@ from vllm_capture_guard.runtime.contract import (
     diff,
     encode,
     field_side,
-    preserved,
-    shares_memory,
     snapshot,
 )
-from vllm_capture_guard.runtime.probe import probe_metadata
 from vllm_capture_guard.tools.oracle.releases import env_dir
 
 RELEASES = ("0.27.1", "0.28.0", "0.29.0", "0.33.0")
@@ -116,8 +113,15 @@ def test_field_side_reads_the_last_part_of_a_path():
     assert field_side("metadata.prefill.cpu_slot_mapping") == CPU
 
 
+def _metadata():
+    """A real CommonAttentionMetadata over runner buffers (two requests)."""
+    from vllm_capture_guard.tools import harness
+
+    return harness.shared_metadata(harness.Batch(2))
+
+
 def test_in_place_writes_are_found_with_old_and_new_values():
-    cm = probe_metadata()
+    cm = _metadata()
     before = snapshot(cm)
     shared = copy(cm)  # what the runner hands a builder
     shared.query_start_loc_cpu.zero_()
@@ -132,30 +136,15 @@ def test_in_place_writes_are_found_with_old_and_new_values():
 
 
 def test_rebinding_on_a_copy_is_not_a_shared_write():
-    cm = probe_metadata()
+    cm = _metadata()
     before = snapshot(cm)
     private = copy(cm)
     private.query_start_loc_cpu = torch.zeros(3, dtype=torch.int32)
     assert before.writes() == []
 
 
-def test_preserved_restores_only_named_fields():
-    cm = probe_metadata()
-    with preserved(cm, "query_start_loc_cpu"):
-        cm.query_start_loc_cpu.zero_()
-        cm.query_start_loc.zero_()
-    assert cm.query_start_loc_cpu.tolist() == [0, 1, 2]
-    assert cm.query_start_loc.tolist() == [0, 0, 0]
-
-
-def test_shares_memory():
-    a = torch.arange(4)
-    assert shares_memory(a, a[:2])
-    assert not shares_memory(a, a.clone())
-
-
 def test_encode_and_diff_a_real_metadata():
-    a, b = probe_metadata(), probe_metadata()
+    a, b = _metadata(), _metadata()
     assert diff(encode(a), encode(b)) == []
     b.query_start_loc_cpu[1] = 7
     b.max_seq_len += 1

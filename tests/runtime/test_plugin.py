@@ -191,9 +191,9 @@ def test_revert_stops_pending_hooks(fresh_plugin, unpatched, zeroes_cpu_offsets)
     patch = by_name("rocm-attn-cpu-offsets")
     plugin.register()
     assert patch.revert()
-    # a later backend import runs the follow-up hooks: the patch stays out
+    # a later import, or the capture entry, applies again: the patch stays out
     log = logging.getLogger("cg-test")
-    hooks._run("x", None, [(plugin._on_import(patch, log), lambda n, e: None)])
+    plugin.apply_all(log)
     assert RocmAttentionMetadataBuilder.__dict__["build_for_cudagraph_capture"] is (
         capture
     )

@@ -4,14 +4,18 @@
 vLLM calls :func:`register` in every process it starts (front end, engine
 core, each worker, the model-inspection subprocess). ``register`` reads the
 switches (:mod:`.switch`) and sets post-import hooks (:mod:`.hooks`); it
-imports no vLLM attention module and initialises no CUDA/HIP. Each patch
-applies the moment vLLM imports the backend module it fixes (at once, if that
-is already imported), so a process that never imports a ROCm backend, such as
-the API server, pays nothing.
+imports no vLLM attention module and initialises no CUDA/HIP. Then:
 
-What a patch did is logged once, through vLLM's logger: INFO when it patched
-or found nothing to do, one WARNING when it fixed capture without proof that
-it had to (fail closed) or could not act. Nothing here ever raises into vLLM.
+* each patch applies the moment vLLM imports a module it fixes (at once, if
+  vLLM already did), so a process that never imports a ROCm backend, such as
+  the API server, pays nothing;
+* right before capture, the model runner's ``capture_model`` (V1's and Model
+  Runner V2's) applies every patch again: classes defined, methods put back
+  and modules reloaded since the import are guarded before the first graph.
+
+What a patch did is logged once, and again only when it changes: INFO when it
+patched or found nothing to do, a WARNING when it fixed code that it could
+not read as fixed, or could not act. Nothing here ever raises into vLLM.
 """
 
 from __future__ import annotations
@@ -19,10 +23,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from types import ModuleType
 
-from vllm_capture_guard.runtime import switch
+from vllm_capture_guard.runtime import hooks, switch
 
 PREFIX = "vllm-capture-guard"
+#: Where vLLM captures: V1's model runner and Model Runner V2's.
+ENTRIES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
+RUNNER, CAPTURE = "GPUModelRunner", "capture_model"
 
 
 @dataclasses.dataclass
@@ -36,9 +44,20 @@ class Report:
     message: str
     outcomes: dict = dataclasses.field(default_factory=dict)
     failures: list = dataclasses.field(default_factory=list)
+    #: Capture entries guarded so far (module names).
+    entries: list = dataclasses.field(default_factory=list)
 
 
 _report: Report | None = None
+
+
+def _patches():  # noqa: ANN202
+    """The patches package, imported only when the plugin acts."""
+    from vllm_capture_guard.runtime import patches
+
+    return patches
+
+
 _lock = threading.RLock()
 
 
@@ -72,16 +91,13 @@ def vllm_version() -> str:
 
 
 def _summarise(report: Report) -> None:
-    from vllm_capture_guard.runtime.patches import Status
-
-    statuses = [o.status for o in report.outcomes.values()]
+    Status = _patches().Status  # noqa: N806
+    statuses = {o.status for o in report.outcomes.values()}
     if report.failures:
         action = "failed"
-    elif Status.PATCHED in statuses or Status.ALREADY in statuses:
+    elif statuses & {Status.PATCHED, Status.ALREADY}:
         action = "patched"
-    elif statuses and all(
-        s in (Status.NOT_NEEDED, Status.DISABLED, Status.UNAVAILABLE) for s in statuses
-    ):
+    elif statuses and statuses <= {Status.NOT_NEEDED, Status.DISABLED}:
         action = "not needed"
     else:
         action = "armed"
@@ -90,98 +106,101 @@ def _summarise(report: Report) -> None:
     report.message = f"{action} on vLLM {vllm_version()}: " + "; ".join(parts)
 
 
-def _on_import(patch, log: logging.Logger):  # noqa: ANN001
-    """The hook for one patch: apply, record, log once."""
-    from vllm_capture_guard.runtime import hooks
-    from vllm_capture_guard.runtime.patches import Status
+def _fail(log: logging.Logger, what: str, error: BaseException) -> None:
+    failure = f"{what}: failed ({type(error).__name__}: {error})"
+    with _lock:
+        if _report is not None:
+            _report.failures.append(failure)
+            _summarise(_report)
+    log.warning(f"{PREFIX}: {failure}; vLLM goes on without it.")
 
-    def hook(_module) -> None:  # noqa: ANN001
+
+def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
+    """Apply every patch to what vLLM has imported; log what changed."""
+    log = log or _logger()
+    Status = _patches().Status  # noqa: N806
+    for patch in _patches().PATCHES:
         with _lock:
-            if patch.reverted:  # undone on purpose in this process
-                return
+            if patch.reverted or _report is None:
+                continue
             try:
                 outcome = patch.apply()
             except Exception as e:
-                failure = f"{patch.name}: failed ({type(e).__name__}: {e})"
-                _report.failures.append(failure)
-                _summarise(_report)
-                log.warning(
-                    "%s: %s; vLLM goes on without this patch. Please report "
-                    "this with `vllm-capture-guard status`.",
-                    PREFIX,
-                    failure,
-                )
-                return
-            seen = patch.name in _report.outcomes
-            if seen and outcome.status is not Status.PATCHED and not outcome.warning:
-                return  # a later module changed nothing: stay quiet
+                _fail(log, patch.name, e)
+                continue
+            before = _report.outcomes.get(patch.name)
+            if outcome.status is Status.UNAVAILABLE or _same(before, outcome):
+                continue
+            if before is not None and outcome.status is Status.ALREADY:
+                continue  # our own fix, found again
             _report.outcomes[patch.name] = outcome
             _summarise(_report)
-            if outcome.warning:
-                log.warning("%s: %s: %s", PREFIX, patch.name, outcome.warning)
-            else:
-                log.info("%s: %s on vLLM %s", PREFIX, outcome, vllm_version())
-            for name in patch.follow():
-                hooks.when_imported(name, _on_import(patch, log), _failed(log))
+        if outcome.warning:
+            log.warning(f"{PREFIX}: {patch.name}: {outcome.warning}{when}")
+        else:
+            log.info(f"{PREFIX}: {outcome} on vLLM {vllm_version()}{when}")
+
+
+def _same(a, b) -> bool:  # noqa: ANN001
+    return a is not None and (a.status, a.detail) == (b.status, b.detail)
+
+
+def _rechecking(capture_model):  # noqa: ANN001, ANN202
+    def capture_model_(self, *args, **kwargs):
+        try:
+            apply_all(when=" (re-checked before capture)")
+        except Exception as e:  # never stop vLLM's capture
+            _fail(_logger(), "re-check before capture", e)
+        return capture_model(self, *args, **kwargs)
+
+    return capture_model_
+
+
+def _guard_entry(log: logging.Logger):  # noqa: ANN202
+    def hook(module: ModuleType) -> None:
+        cls = getattr(module, RUNNER, None)
+        with _lock:
+            if not callable(getattr(cls, CAPTURE, None)):
+                where = f"{module.__name__} has no {RUNNER}.{CAPTURE}"
+                log.warning(
+                    f"{PREFIX}: {where}; the guard set at import stands, "
+                    "but what changes after it is not re-checked"
+                )
+                return
+            if not _patches().is_guarded(cls.__dict__.get(CAPTURE)):
+                _patches().wrap_method(cls, CAPTURE, _rechecking)
+            if _report is not None and module.__name__ not in _report.entries:
+                _report.entries.append(module.__name__)
 
     return hook
 
 
-def _notify(log: logging.Logger):  # noqa: ANN202
-    """What a patch did on its own later (a class defined after its module)."""
-    from vllm_capture_guard.runtime.patches import Status
-
-    def notify(outcome) -> None:  # noqa: ANN001
-        with _lock:
-            if _report is None:
-                return
-            if outcome.status is Status.FAILED:
-                _report.failures.append(str(outcome))
-            else:
-                _report.outcomes[outcome.patch] = outcome
-            _summarise(_report)
-        if outcome.status is Status.FAILED or outcome.warning:
-            log.warning("%s: %s", PREFIX, outcome.warning or outcome)
-        else:
-            log.info("%s: %s on vLLM %s", PREFIX, outcome, vllm_version())
-
-    return notify
-
-
-def _failed(log: logging.Logger):  # noqa: ANN202
-    def on_error(module: str, error: BaseException) -> None:
-        with _lock:
-            failure = f"hook for {module}: {type(error).__name__}: {error}"
-            if _report is not None:
-                _report.failures.append(failure)
-                _summarise(_report)
-        log.warning("%s: %s; vLLM goes on.", PREFIX, failure)
-
-    return on_error
-
-
 def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
     if mode is switch.Mode.OFF:
-        return Report(
-            mode.value, "disabled", f"{switch.ENV}=off; vLLM's capture is unchanged"
-        )
+        why = f"{switch.ENV}=off; vLLM's capture is unchanged"
+        return Report(mode.value, "disabled", why)
     if mode is switch.Mode.AUTO:
         is_rocm, name = platform_name()
         if not is_rocm:
-            return Report(
-                mode.value,
-                "skipped",
-                f"platform is {name}, not ROCm (set {switch.ENV}=on to act anyway)",
-            )
-    from vllm_capture_guard.runtime import hooks
-    from vllm_capture_guard.runtime.patches import PATCHES
-
+            why = f"platform is {name}, not ROCm (set {switch.ENV}=on to act anyway)"
+            return Report(mode.value, "skipped", why)
+    patches = _patches()
+    unknown = ", ".join(sorted(switch.disabled_patches() - patches.NAMES))
+    if unknown:
+        known = ", ".join(sorted(patches.NAMES))
+        log.warning(
+            f"{PREFIX}: {switch.DISABLE_ENV} names no patch: {unknown} "
+            f"(the patches are {known})"
+        )
     global _report
     _report = Report(mode.value, "armed", "waiting for vLLM to import a backend")
-    for patch in PATCHES:
+    for patch in patches.PATCHES:
         patch.reverted = False  # armed now: a revert() from before does not count
-        patch.notify = _notify(log)
-        hooks.when_imported(patch.modules[0], _on_import(patch, log), _failed(log))
+    on_error = lambda name, e: _fail(log, f"hook for {name}", e)  # noqa: E731
+    for name in dict.fromkeys(m for p in patches.PATCHES for m in p.modules):
+        hooks.when_imported(name, lambda _m: apply_all(log), on_error)
+    for name in ENTRIES:
+        hooks.when_imported(name, _guard_entry(log), on_error)
     return _report
 
 
@@ -195,21 +214,15 @@ def register() -> None:
         try:
             mode, problem = switch.read_mode()
             if problem:
-                log.warning("%s: %s", PREFIX, problem)
+                log.warning(f"{PREFIX}: {problem}")
             report = _arm(mode, log)
-            if _report is None:
-                _report = report
+            _report = _report or report
             if report.action in ("disabled", "skipped"):
-                log.info("%s: %s", PREFIX, report.message)
-            else:
-                log.debug("%s: %s", PREFIX, report.message)
+                log.info(f"{PREFIX}: {report.message}")
         except Exception as e:
             _report = Report("?", "failed", f"{type(e).__name__}: {e}")
             log.warning(
-                "%s: failed (%s: %s); vLLM goes on unpatched.",
-                PREFIX,
-                type(e).__name__,
-                e,
+                f"{PREFIX}: failed ({_report.message}); vLLM goes on unpatched."
             )
 
 

@@ -47,15 +47,9 @@ class Mode(str, enum.Enum):
 
 DEFAULT_MODE = Mode.AUTO
 _WORDS = {
-    "auto": Mode.AUTO,
-    "on": Mode.ON,
-    "1": Mode.ON,
-    "true": Mode.ON,
-    "yes": Mode.ON,
-    "off": Mode.OFF,
-    "0": Mode.OFF,
-    "false": Mode.OFF,
-    "no": Mode.OFF,
+    **dict.fromkeys(("auto",), Mode.AUTO),
+    **dict.fromkeys(("on", "1", "true", "yes"), Mode.ON),
+    **dict.fromkeys(("off", "0", "false", "no"), Mode.OFF),
 }
 
 

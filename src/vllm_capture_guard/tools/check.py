@@ -12,9 +12,9 @@ import dataclasses
 import json
 import os
 
-from vllm_capture_guard.runtime.contract import FieldWrite
 from vllm_capture_guard.runtime.plugin import report, vllm_version
 from vllm_capture_guard.tools import harness
+from vllm_capture_guard.tools.contract import FieldWrite
 from vllm_capture_guard.tools.harness import Batch
 
 

@@ -36,7 +36,7 @@ import dataclasses
 import warnings
 from typing import Any
 
-from vllm_capture_guard.runtime.contract import CPU, DEVICE, FieldWrite
+from vllm_capture_guard.tools.contract import CPU, DEVICE, FieldWrite
 
 #: The default batch: four single-token decodes, the runner's common capture.
 DEFAULT_NUM_REQS = 4

@@ -1,26 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Backports of upstream vLLM fixes: one module per upstream fix.
 
-Every patch is a :class:`Patch`. Its module documents it under the same
-headings (What, Symptom, Cause, Upstream, Affected, Detected, How, Delete
-when). The base class does the sequence once, under one lock: is the patch
-switched off? what does the installed vLLM do (``plan``, by behaviour, never
-by version)? is our fix already there? then ``install``. Patching is
-idempotent and thread-safe; wrappers never stack.
+Each module documents its patch under the same headings (What, Symptom, Cause,
+Upstream, Affected, Detected, How, Delete when) and defines one :class:`Patch`.
+The base class runs the sequence once, under one lock: is the patch switched
+off? is its module imported? what does the installed code need (``plan``, by
+reading source, never by running it or by version)? then ``install``. Patching
+is idempotent and thread-safe; wrappers never stack.
 
-Fail closed: a patch installs its fix unless a probe that ran to completion
-proved the installed vLLM does not need it. When it installs the fix without
-that proof it says why in ``Outcome.warning``, and the plugin logs it once.
-
-Adding a backport:
-
-1. one module here, with the headings above and one ``Patch`` subclass
-   (``name``, ``pr``, ``modules`` to hook, ``backends`` it fixes, ``targets``
-   it may change; ``plan``/``install``/``uninstall``);
-2. its instance in :data:`PATCHES` at the bottom of this file;
-3. its tests under ``tests/runtime/patches/``. The tools (``check``, the
-   identity check, the oracle, the version matrix) take their backends and
-   classes from the patch, so nothing else needs editing.
+A patch never imports a vLLM module: it acts on what vLLM has imported, when
+vLLM imports it and again right before capture (:mod:`..plugin`).
 """
 
 from __future__ import annotations
@@ -32,15 +21,15 @@ import importlib
 import sys
 import threading
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, ClassVar
 
 from vllm_capture_guard.runtime import switch
 
-#: Attribute set on every function we install; its value is the original
-#: (``None`` when the class only inherited it).
+#: Set on every function we install; its value is what it replaced in the
+#: class's own ``__dict__`` (``None`` when the class only inherited it).
 MARKER = "__vllm_capture_guard_original__"
-
-#: One lock for every patch: the plugin, the hooks and the tools may race.
+#: One lock for every patch: hooks, the capture entry and the tools may race.
 LOCK = threading.RLock()
 
 
@@ -66,7 +55,7 @@ class Outcome:
     patch: str
     status: Status
     detail: str
-    #: Set when the fix is installed without proof that it is needed.
+    #: Set when the fix went in because the code was in doubt.
     warning: str | None = None
 
     def __str__(self) -> str:
@@ -84,9 +73,11 @@ class Plan:
 
 
 def original_of(fn: Any) -> Any:
-    """The vLLM function behind one of our wrappers, or ``fn`` itself."""
-    while hasattr(fn, MARKER) and getattr(fn, MARKER) is not None:
-        fn = getattr(fn, MARKER)
+    """The vLLM function behind our wrappers (what each one resolved when it
+    was made), or ``fn`` itself."""
+    fn = getattr(fn, "__func__", fn)
+    while is_guarded(fn) and hasattr(fn, "__wrapped__"):
+        fn = getattr(fn.__wrapped__, "__func__", fn.__wrapped__)
     return fn
 
 
@@ -94,24 +85,19 @@ def is_guarded(fn: Any) -> bool:
     return hasattr(getattr(fn, "__func__", fn), MARKER)
 
 
-def wrap_method(
-    cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]
-) -> None:
-    """Give ``cls`` its own ``name`` = ``make(what cls resolves now)``, marked
-    so that :func:`unwrap_method` puts back exactly what was there."""
-    own = cls.__dict__.get(name)
-    current = getattr(cls, name)
-    wrapper = functools.wraps(current)(make(current))
-    setattr(wrapper, MARKER, own)
+def wrap_method(cls: type, name: str, make: Callable[[Any], Any]) -> None:
+    """Give ``cls`` its own ``name`` = ``make(what cls resolves now)``."""
+    wrapper = functools.wraps(getattr(cls, name))(make(getattr(cls, name)))
+    setattr(wrapper, MARKER, cls.__dict__.get(name))
     setattr(cls, name, wrapper)
 
 
 def unwrap_method(cls: type, name: str) -> bool:
-    """Undo :func:`wrap_method`. True if there was a wrapper to remove."""
+    """Undo :func:`wrap_method`; True if there was a wrapper to remove."""
     current = cls.__dict__.get(name)
     if current is None or not is_guarded(current):
         return False
-    own = getattr(current, MARKER)
+    own = getattr(getattr(current, "__func__", current), MARKER)
     if own is None:
         delattr(cls, name)
     else:
@@ -119,32 +105,39 @@ def unwrap_method(cls: type, name: str) -> bool:
     return True
 
 
+def subclasses(root: type) -> list[type]:
+    """``root`` and every class derived from it, base classes first; never
+    our own classes."""
+    order, todo = [], [root]
+    while todo:
+        cls = todo.pop(0)
+        if cls not in order and not cls.__module__.startswith("vllm_capture_guard"):
+            order.append(cls)
+            todo.extend(cls.__subclasses__())
+    return order
+
+
 class Patch:
     """One upstream fix. Subclasses set the class attributes and implement
-    ``plan``/``install``/``uninstall``; callers use ``inspect``/``apply``/
-    ``revert``, which may raise (the plugin turns that into one warning)."""
+    ``plan``/``install``/``uninstall``; callers use ``apply``/``revert`` (and
+    the tools ``inspect``). Those may raise; the plugin turns that into one
+    WARNING."""
 
     #: Short name: log lines, ``status``, ``VLLM_CAPTURE_GUARD_DISABLE``.
     name: ClassVar[str]
     #: The upstream pull request this backports, e.g. ``"#51585"``.
     pr: ClassVar[str]
-    #: vLLM modules whose import triggers the patch (hooks), first the main one.
+    #: vLLM modules whose import triggers the patch; the first is the main one.
     modules: ClassVar[tuple[str, ...]]
-    #: Registry names of the backends whose capture it fixes.
-    backends: ClassVar[tuple[str, ...]]
+    #: Registry names of the attention backends whose capture it fixes.
+    backends: ClassVar[tuple[str, ...]] = ()
     #: (module, class) of the vLLM classes it may change.
-    targets: ClassVar[tuple[tuple[str, str], ...]]
+    targets: ClassVar[tuple[tuple[str, str], ...]] = ()
+    #: Set by :meth:`revert`; :meth:`apply` clears it.
+    reverted: bool = False
 
-    def plan(self) -> Plan:
+    def plan(self, module: ModuleType) -> Plan:
         raise NotImplementedError
-
-    def fallback(self, error: Exception) -> Plan:
-        """The plan when :meth:`plan` itself failed: fail closed if possible."""
-        raise error
-
-    def follow(self) -> list[str]:
-        """More vLLM modules whose import should re-run :meth:`apply`."""
-        return []
 
     def install(self, plan: Plan) -> str:
         raise NotImplementedError
@@ -152,66 +145,44 @@ class Patch:
     def uninstall(self) -> bool:
         raise NotImplementedError
 
-    def import_target(self) -> Any:
-        return importlib.import_module(self.modules[0])
-
-    def _unavailable(self) -> Outcome | None:
-        """UNAVAILABLE if the main module cannot be imported at all (0.33's
-        AITER module asks the GPU at import); None once it is imported."""
-        if self.modules[0] in sys.modules:
-            return None
-        try:
-            self.import_target()
-        except Exception as e:
-            why = f"cannot import {self.modules[0]}: {type(e).__name__}: {e}"
-            return Outcome(self.name, Status.UNAVAILABLE, why[:300])
-        return None
+    def _decide(self) -> Outcome | Plan:
+        if self.name in switch.disabled_patches():
+            why = f"listed in {switch.DISABLE_ENV}; vLLM's code is unchanged"
+            return Outcome(self.name, Status.DISABLED, why)
+        module = sys.modules.get(self.modules[0])
+        if module is None:
+            why = f"{self.modules[0]} is not imported"
+            return Outcome(self.name, Status.UNAVAILABLE, why)
+        return self.plan(module)
 
     def inspect(self) -> Outcome:
-        """What this vLLM needs; changes nothing. A vLLM that cannot be
-        checked gives FAILED, with the reason."""
+        """For the tools: import the main module, then say what this vLLM
+        needs, changing nothing."""
         with LOCK:
-            missing = self._unavailable()
-            if missing is not None:
-                return missing
             try:
-                plan = self.plan()
+                importlib.import_module(self.modules[0])
             except Exception as e:
-                return Outcome(self.name, Status.FAILED, f"{type(e).__name__}: {e}")
-            return Outcome(self.name, plan.status, plan.detail, plan.warning)
-
-    #: Set by :meth:`revert`: the plugin's hooks then leave this patch out.
-    reverted: bool = False
-    #: Called with an :class:`Outcome` when the patch acts on its own later
-    #: (a class defined after its module was imported); set by the plugin.
-    notify: Callable[[Outcome], None] | None = None
+                why = f"cannot import {self.modules[0]}: {type(e).__name__}: {e}"
+                return Outcome(self.name, Status.UNAVAILABLE, why[:300])
+            decided = self._decide()
+            if isinstance(decided, Outcome):
+                return decided
+            return Outcome(self.name, decided.status, decided.detail, decided.warning)
 
     def apply(self) -> Outcome:
-        """Inspect, then install what is needed. Idempotent. Raises only when
-        the installed vLLM can neither be checked nor fixed blindly."""
+        """Install what the imported code needs. Idempotent; imports nothing."""
         with LOCK:
             self.reverted = False
-            if self.name in switch.disabled_patches():
-                return Outcome(
-                    self.name,
-                    Status.DISABLED,
-                    f"listed in {switch.DISABLE_ENV}; vLLM's code is unchanged",
-                )
-            missing = self._unavailable()
-            if missing is not None:
-                return missing
-            try:
-                plan = self.plan()
-            except Exception as e:  # fail closed where the patch can
-                plan = self.fallback(e)
-            if plan.status is not Status.NEEDED:
-                return Outcome(self.name, plan.status, plan.detail, plan.warning)
-            detail = self.install(plan)
-            return Outcome(self.name, Status.PATCHED, detail, plan.warning)
+            decided = self._decide()
+            if isinstance(decided, Outcome):
+                return decided
+            if decided.status is not Status.NEEDED:
+                return Outcome(self.name, decided.status, decided.detail)
+            detail = self.install(decided)
+            return Outcome(self.name, Status.PATCHED, detail, decided.warning)
 
     def revert(self) -> bool:
-        """Undo :meth:`apply` in this process (tests, tools); hooks still
-        pending in this process no longer apply it."""
+        """Undo :meth:`apply` in this process (tests, tools)."""
         with LOCK:
             self.reverted = True
             return self.uninstall()
@@ -225,13 +196,14 @@ def _patches() -> tuple[Patch, ...]:
         RocmAttnCpuOffsets,
     )
 
-    # Order matters: the AITER backport subclasses the builder that the first
+    # Order matters: the AITER backport derives from the builder that the first
     # one guards, and vLLM imports rocm_attn before the AITER module.
     return (RocmAttnCpuOffsets(), RocmAiterUnifiedBuilder())
 
 
 #: Every patch, in the order they apply.
 PATCHES: tuple[Patch, ...] = _patches()
+NAMES = frozenset(p.name for p in PATCHES)
 
 
 def by_name(name: str) -> Patch:

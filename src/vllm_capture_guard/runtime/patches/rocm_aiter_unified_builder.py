@@ -27,11 +27,12 @@ Affected:
     0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them.
 
 Detected:
-    By behaviour: the capture of the class the installed backend's
-    ``get_builder_cls()`` returns runs on the probe's CPU and GPU paths
-    (:mod:`vllm_capture_guard.runtime.probe`). The builder is left alone only
-    if both runs completed and wrote neither ``query_start_loc`` nor
-    ``query_start_loc_cpu``; otherwise the backend gets its own builder.
+    By reading, never running: the backend is left alone only if the capture
+    of the builder its ``get_builder_cls()`` returns (the vLLM function behind
+    our own guard, if any) has the fixed shape with no use of the metadata but
+    ``self.build(...)`` and no ``query_start_loc*`` or host field touched
+    (:func:`..shape.fixed_shape`). Otherwise it gets its own builder; a
+    capture in doubt rather than plainly writing the offsets, with a WARNING.
 
 How:
     ``get_builder_cls()`` returns a subclass of the class it returned before,
@@ -59,7 +60,9 @@ Delete when:
 
 from __future__ import annotations
 
+import importlib
 import sys
+from types import ModuleType
 from typing import Any
 
 from vllm_capture_guard.runtime.patches import (
@@ -68,15 +71,21 @@ from vllm_capture_guard.runtime.patches import (
     Plan,
     Status,
     is_guarded,
+    original_of,
 )
+from vllm_capture_guard.runtime.shape import fixed_shape, is_host_field
 
 MODULE = "vllm.v1.attention.backends.rocm_aiter_unified_attn"
 BACKEND = "RocmAiterUnifiedAttentionBackend"
 BUILDER = "RocmAiterUnifiedAttentionMetadataBuilder"
-FIELDS = ("query_start_loc", "query_start_loc_cpu")
+METHOD = "build_for_cudagraph_capture"
 _ABSENT = object()
 #: What vLLM's module bound to BUILDER before we did (``_ABSENT``: nothing).
 _displaced: list[Any] = []
+
+
+def _offsets_or_host(name: str) -> bool:
+    return name.startswith("query_start_loc") or is_host_field(name)
 
 
 def _own_builder(parent: type, pr: str) -> type:
@@ -90,18 +99,11 @@ def _own_builder(parent: type, pr: str) -> type:
         attn_metadata.seq_lens.fill_(1)
         return attn_metadata
 
-    build_for_cudagraph_capture.__qualname__ = f"{BUILDER}.build_for_cudagraph_capture"
-    return type(
-        BUILDER,
-        (parent,),
-        {
-            "__module__": __name__,
-            "__qualname__": BUILDER,
-            "__doc__": f"{parent.__name__} whose capture leaves the query offsets "
-            f"alone (vllm-capture-guard backport of PR {pr}).",
-            "build_for_cudagraph_capture": build_for_cudagraph_capture,
-        },
-    )
+    build_for_cudagraph_capture.__qualname__ = f"{BUILDER}.{METHOD}"
+    doc = f"{parent.__name__} whose capture leaves the query offsets alone "
+    doc += f"(vllm-capture-guard backport of PR {pr})."
+    attrs = {"__module__": __name__, "__qualname__": BUILDER, "__doc__": doc}
+    return type(BUILDER, (parent,), {**attrs, METHOD: build_for_cudagraph_capture})
 
 
 class RocmAiterUnifiedBuilder(Patch):
@@ -111,46 +113,27 @@ class RocmAiterUnifiedBuilder(Patch):
     backends = ("ROCM_AITER_UNIFIED_ATTN",)
     targets = ((MODULE, BACKEND),)
 
-    def backend(self) -> type:
-        return getattr(self.import_target(), BACKEND)
-
-    def plan(self) -> Plan:
-        from vllm_capture_guard.runtime.probe import probe
-
-        backend = self.backend()
-        current = backend.__dict__.get("get_builder_cls")
-        if current is not None and is_guarded(current):
+    def plan(self, module: ModuleType) -> Plan:
+        backend = getattr(module, BACKEND)
+        if is_guarded(backend.__dict__.get("get_builder_cls")):
             return Plan(Status.ALREADY, f"{BACKEND}.get_builder_cls returns {BUILDER}")
         parent = backend.get_builder_cls()
-        finding = probe(parent)
         name = f"{BACKEND} builder {parent.__name__}"
-        if finding.proves_untouched(*FIELDS):
+        capture = original_of(getattr(parent, METHOD, None))
+        why = fixed_shape(capture, device_fields=False, forbidden=_offsets_or_host)
+        if why is None:
             return Plan(Status.NOT_NEEDED, f"{name} leaves query_start_loc alone")
         warning = None
-        if not finding.complete:
+        if not why.startswith("it touches"):
             warning = (
-                f"could not prove that the capture of {name} leaves the query "
-                f"offsets alone ({finding.reason}), so {BACKEND} now gets its own "
-                f"{BUILDER} as in vLLM 0.29.0 (backport of PR {self.pr})"
+                f"could not show by reading that {name} leaves the query offsets "
+                f"alone ({why}), so {BACKEND} now gets its own {BUILDER} as in "
+                f"vLLM 0.29.0 (backport of PR {self.pr})"
             )
-        written = ", ".join(sorted(finding.written.intersection(FIELDS)))
-        return Plan(Status.NEEDED, f"{name} writes {written or '?'}", warning, parent)
-
-    def fallback(self, error: Exception) -> Plan:
-        backend = getattr(sys.modules.get(MODULE), BACKEND, None)
-        parent = backend.get_builder_cls() if backend is not None else None
-        if not isinstance(parent, type):
-            raise error
-        return Plan(
-            Status.NEEDED,
-            f"could not check {parent.__name__}",
-            f"could not check {BACKEND}'s builder ({type(error).__name__}: "
-            f"{error}), so it now gets its own {BUILDER} as in vLLM 0.29.0",
-            parent,
-        )
+        return Plan(Status.NEEDED, f"{name}: {why}", warning, parent)
 
     def install(self, plan: Plan) -> str:
-        backend = self.backend()
+        backend = getattr(sys.modules[MODULE], BACKEND)
         module = sys.modules[backend.__module__]
         builder = _own_builder(plan.data, self.pr)
 
@@ -195,26 +178,18 @@ class BackportUnavailable(ImportError):
 
 
 def __getattr__(name: str) -> Any:
-    """Unpickling the backport in a process that has not made it yet."""
+    """Unpickling the backport in a process that has not made it yet: in a
+    process that loaded vLLM's plugins, importing the backend makes it."""
     if name != BUILDER:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from vllm_capture_guard.runtime import hooks, plugin
-
-    if plugin.report() is None:
-        raise BackportUnavailable(
-            f"{BUILDER} is made by the vllm-capture-guard plugin when vLLM loads "
-            "its general plugins, and this process has not loaded them: call "
-            "vllm.plugins.load_general_plugins() before unpickling (and check "
-            "VLLM_PLUGINS and VLLM_CAPTURE_GUARD)"
-        )
-    import importlib
-
-    importlib.import_module(MODULE)  # the plugin's hook makes the class now
+    importlib.import_module(MODULE)
     found = globals().get(BUILDER)
     if found is None:
         raise BackportUnavailable(
-            f"{BUILDER} was not made in this process: the plugin found that "
-            f"this vLLM does not need it ({plugin.report().message}); pending "
-            f"hooks: {hooks.pending()}"
+            f"{BUILDER} is made by the vllm-capture-guard plugin when vLLM "
+            f"imports {MODULE} in a process that loaded vLLM's general plugins, "
+            "and this process has not made it: call "
+            "vllm.plugins.load_general_plugins() before unpickling (and check "
+            "VLLM_PLUGINS, VLLM_CAPTURE_GUARD and VLLM_CAPTURE_GUARD_DISABLE)"
         )
     return found

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_capture_guard.runtime import switch
-from vllm_capture_guard.runtime.contract import FieldWrite
 from vllm_capture_guard.tools.audit.schema import (
     AuditResult,
     BackendReport,
@@ -23,6 +22,7 @@ from vllm_capture_guard.tools.audit.schema import (
     Sequenced,
     Severity,
 )
+from vllm_capture_guard.tools.contract import FieldWrite
 
 
 def coverage_line(result: AuditResult) -> str:

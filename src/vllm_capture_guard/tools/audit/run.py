@@ -6,7 +6,7 @@ backend's capture must equal what it builds *alone* on the same batch.
 
 Every capture goes through the harness
 (:func:`vllm_capture_guard.tools.harness.capture`); what a later builder
-built is encoded and compared by :mod:`vllm_capture_guard.runtime.contract`.
+built is encoded and compared by :mod:`vllm_capture_guard.tools.contract`.
 A difference is classed (:class:`~.schema.Severity`) as ``fails`` (it raises
 after this capture only), ``host`` (a host value differs: a Python scalar, a
 shape or dtype, or a host tensor, all baked into the captured graph),
@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from vllm_capture_guard.runtime.contract import CPU, DEVICE, Change, diff, encode
 from vllm_capture_guard.tools import harness
 from vllm_capture_guard.tools.audit.build import (
     MINIMAX_M3_INDEXER,
@@ -48,6 +47,7 @@ from vllm_capture_guard.tools.audit.schema import (
     Severity,
     Verdict,
 )
+from vllm_capture_guard.tools.contract import CPU, DEVICE, Change, diff, encode
 from vllm_capture_guard.tools.harness import Batch
 
 #: Builders run after each audited capture, in their own KV-cache group.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_capture_guard.runtime.contract import Choice, FieldWrite
+from vllm_capture_guard.tools.contract import Choice, FieldWrite
 
 
 class Severity(Choice):

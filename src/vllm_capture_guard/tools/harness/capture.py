@@ -9,7 +9,7 @@ own), gives each ``(group, builder)`` a shallow copy of it in the runner's
 order (``gpu_model_runner._build_attention_metadata``), calls its
 ``build_for_cudagraph_capture`` under its config, and records per builder:
 what it returned, which shared fields it wrote in place (CPU and device, old
-and new values, :mod:`vllm_capture_guard.runtime.contract`), which fields it
+and new values, :mod:`vllm_capture_guard.tools.contract`), which fields it
 rebound on its own copy, and the error it raised and where. ``check``, the
 audit, the test helpers and the oracle all run captures through it.
 """
@@ -26,7 +26,7 @@ from copy import copy
 from pathlib import Path
 from typing import Any
 
-from vllm_capture_guard.runtime.contract import FieldWrite, encode, snapshot
+from vllm_capture_guard.tools.contract import FieldWrite, encode, snapshot
 from vllm_capture_guard.tools.harness.runner import (
     Batch,
     RunnerBuffers,

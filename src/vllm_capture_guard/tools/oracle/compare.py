@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``compare``: does a candidate record (patched 0.27.1 or 0.28.0) do what the
 reference record (unpatched 0.29.0) does? Fields both releases have must be
-equal (:func:`vllm_capture_guard.runtime.contract.diff`); fields only one
+equal (:func:`vllm_capture_guard.tools.contract.diff`); fields only one
 release declares are listed, not compared."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_capture_guard.runtime.contract import Change, diff
+from vllm_capture_guard.tools.contract import Change, diff
 from vllm_capture_guard.tools.oracle.record import SCHEMA, SECTIONS
 
 

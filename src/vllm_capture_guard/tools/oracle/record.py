@@ -7,7 +7,7 @@ batch run the seed scenario through the harness with ``record=True``: for
 each builder every field of the shared metadata (CPU and device) before and
 after its capture, the fields it rebound on its own copy, its error, and
 every field of the metadata it returned, all encoded by
-:func:`vllm_capture_guard.runtime.contract.encode`.
+:func:`vllm_capture_guard.tools.contract.encode`.
 """
 
 from __future__ import annotations

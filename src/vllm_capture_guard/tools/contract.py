@@ -22,8 +22,6 @@ This module states that rule once, in code:
 * :func:`encode` turns any metadata value (shared fields, returned metadata,
   a builder's buffers) into plain JSON values, and :func:`diff` compares two
   encoded values, path by path: the one encoder and differ of the project;
-* :func:`preserved` restores named fields' values after a block, which is how
-  the ROCm patch undoes the one write upstream stopped making.
 """
 
 from __future__ import annotations
@@ -36,6 +34,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from vllm_capture_guard.runtime.shape import is_host_field
 
 
 class Choice(str, enum.Enum):
@@ -57,31 +57,14 @@ class Side(Choice):
 CPU = Side.CPU
 DEVICE = Side.DEVICE
 
-#: Host fields whose names do not say so. In vLLM's runner ``is_prefilling``
-#: is computed from ``num_computed_tokens_cpu`` and ``rswa_prefix_lens`` is
-#: ``num_prompt_tokens_cpu``; ``req_idx`` is a numpy array.
-HOST_FIELDS = frozenset({"is_prefilling", "rswa_prefix_lens", "req_idx"})
-
 
 def field_side(name: str) -> Side:
-    """``cpu`` for host values, ``device`` for everything else.
-
-    Host: a name that ends in ``_cpu`` (``query_start_loc_cpu``,
-    ``_seq_lens_cpu``), contains ``_cpu_`` (``seq_lens_cpu_upper_bound``,
-    ``dcp_local_seq_lens_cpu_upper_bound``), ends in ``_np`` or ``_host``,
-    starts with ``cpu_`` or ``host_``, or
-    one of :data:`HOST_FIELDS`. Only the last part of a dotted path counts.
-    Tested against every field that the supported vLLM releases declare on
-    ``CommonAttentionMetadata``."""
+    """``cpu`` for host values, ``device`` for everything else: the runtime's
+    one rule (:func:`vllm_capture_guard.runtime.shape.is_host_field`) on the
+    last part of a dotted path. Tested against every field that the supported
+    vLLM releases declare on ``CommonAttentionMetadata``."""
     leaf = name.rsplit(".", 1)[-1].split("[", 1)[0].lower()
-    host = (
-        leaf.endswith(("_cpu", "_np", "_host"))
-        or leaf.startswith(("cpu_", "host_"))
-        or "_cpu_" in leaf
-        or leaf in ("cpu", "host")
-        or leaf in HOST_FIELDS
-    )
-    return CPU if host else DEVICE
+    return CPU if is_host_field(leaf) or leaf in ("cpu", "host") else DEVICE
 
 
 def _values(obj: Any) -> list[Any]:
@@ -331,41 +314,3 @@ def diff(a: Any, b: Any, path: str = "") -> list[Difference]:
     same_kind = type(a) is type(b) and not isinstance(a, (dict, list))
     change = Change.SCALAR if same_kind else Change.TYPE
     return [Difference(here, change, show(a, b), show(b, a))]
-
-
-# --- what the patches use on every capture call --------------------------------
-
-
-def shares_memory(a: Any, b: Any) -> bool:
-    """True when two tensors overlap in memory (e.g. a runner whose "device"
-    buffer is its CPU buffer); then restoring one would undo the other."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return False
-    if a.device != b.device:
-        return False
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-
-
-class preserved:
-    """``with preserved(cm, "query_start_loc_cpu"): ...`` runs the block, then
-    puts the named fields' values back as they were.
-
-    Only the tensors the metadata held on entry are restored, so a builder that
-    rebinds a field on its own copy keeps its private tensor. Kept lean (no
-    field scan, no comparison): the patches run it on every capture call."""
-
-    __slots__ = ("_saved",)
-
-    def __init__(self, metadata: Any, *names: str) -> None:
-        self._saved = [
-            (t, t.clone())
-            for t in (getattr(metadata, n, None) for n in names)
-            if isinstance(t, torch.Tensor)
-        ]
-
-    def __enter__(self) -> preserved:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for tensor, values in self._saved:
-            tensor.copy_(values)

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Read a capture's source, never run it: does it have upstream's fixed shape?
+
+A patch leaves a class alone only when :func:`fixed_shape` finds nothing wrong
+with the capture that the class resolves. Everything that cannot be shown by
+reading is "in doubt", and the patch then fixes the class anyway:
+
+* the function must be a plain, undecorated ``def`` whose source can be read
+  and whose names match the code that runs (a file changed after import does
+  not), taking ``(self, metadata)`` and nothing more;
+* the shared metadata may only be handed to ``self.build(...)`` or, where the
+  patch allows it, have a *device* field read or written in place
+  (``metadata.query_start_loc.zero_()``, the #25985 guard);
+* no host field is touched anywhere (:func:`is_host_field`), whatever the
+  object, conditionally or not; no nested function, lambda or class; none of
+  ``eval``, ``exec``, ``locals``, ``vars``, ``globals``, ``setattr``.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+import types
+from collections.abc import Callable
+
+#: Host fields whose names do not say so (vLLM's runner fills ``is_prefilling``
+#: from ``num_computed_tokens_cpu``; ``rswa_prefix_lens`` is a CPU tensor).
+HOST_NAMES = frozenset({"is_prefilling", "rswa_prefix_lens", "req_idx"})
+_FORBIDDEN = frozenset({"eval", "exec", "locals", "vars", "globals", "setattr"})
+
+
+def is_host_field(name: str) -> bool:
+    """vLLM's naming of host values: ``*_cpu``, ``*_cpu_*``, ``*_np``,
+    ``*_host``, ``cpu_*``, ``host_*``, or one of :data:`HOST_NAMES`."""
+    leaf = name.lower()
+    return (
+        leaf.endswith(("_cpu", "_np", "_host"))
+        or leaf.startswith(("cpu_", "host_"))
+        or "_cpu_" in leaf
+        or leaf in HOST_NAMES
+    )
+
+
+def fixed_shape(
+    fn: object,
+    device_fields: bool = True,
+    forbidden: Callable[[str], bool] = is_host_field,
+) -> str | None:
+    """None when ``fn`` has the fixed shape, else why it is in doubt.
+
+    ``device_fields``: may the metadata's device fields be used directly?
+    ``forbidden``: attribute names that must not appear at all."""
+    if not isinstance(fn, types.FunctionType):
+        return f"{type(fn).__name__} is not a plain function"
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError) as e:
+        return f"its source cannot be read ({type(e).__name__})"
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, ast.FunctionDef) or node.decorator_list:
+        return "it is decorated or not a def"
+    a = node.args
+    if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or len(a.args) != 2:
+        return "its signature is not (self, metadata)"
+    meta = a.args[1].arg
+    builds: set[int] = set()  # ids of Name nodes handed to self.build(...)
+    fields: set[int] = set()  # ids of Name nodes used as metadata.<device field>
+    names: set[str] = set()
+    for sub in ast.walk(node):
+        if sub is not node and isinstance(
+            sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+        ):
+            return "it defines a nested function or class"
+        if isinstance(sub, ast.Call) and _is_self_build(sub.func):
+            args = [*sub.args, *(k.value for k in sub.keywords)]
+            builds.update(id(x) for x in args if _is_name(x, meta))
+        if isinstance(sub, ast.Attribute):
+            names.add(sub.attr)
+            if forbidden(sub.attr):
+                return f"it touches {sub.attr}"
+            load = isinstance(sub.ctx, ast.Load)
+            if device_fields and load and _is_name(sub.value, meta):
+                fields.add(id(sub.value))
+        if isinstance(sub, ast.Name):
+            if sub.id in _FORBIDDEN:
+                return f"it calls {sub.id}"
+            if sub.id != meta and sub.id not in fn.__code__.co_varnames:
+                names.add(sub.id)
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and not _is_self_build(sub.func):
+            f = sub.func  # metadata.<field>(...) is a method call: not a field
+            if isinstance(f, ast.Attribute) and _is_name(f.value, meta):
+                return f"it calls metadata.{f.attr}()"
+        if _is_name(sub, meta) and id(sub) not in builds | fields:
+            return (
+                f"the metadata goes somewhere other than self.build (line {sub.lineno})"
+            )
+    if not set(fn.__code__.co_names) <= names:
+        return "its source does not match the code that runs"
+    return None
+
+
+def _is_name(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _is_self_build(func: ast.AST) -> bool:
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == "build"
+        and _is_name(func.value, "self")
+    )
