@@ -214,3 +214,60 @@ def test_unrecognisable_backend_module_is_failed_not_not_needed(
     assert report.action == "failed", report.message
     warnings = [r for r in fresh_plugin.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "rocm-attn-cpu-offsets" in warnings[0].getMessage()
+
+
+def test_unknown_name_in_disable_warns_with_the_patches(
+    monkeypatch, fresh_plugin, unpatched
+):
+    monkeypatch.setenv(switch.DISABLE_ENV, "rocm_attn_cpu_offsets")
+    plugin.register()
+    (warning,) = [
+        r.getMessage()
+        for r in fresh_plugin.records
+        if r.levelno == logging.WARNING and switch.DISABLE_ENV in r.getMessage()
+    ]
+    assert "rocm_attn_cpu_offsets" in warning
+    for patch in patches_pkg.PATCHES:
+        assert patch.name in warning
+
+
+ENTRY = """
+import json
+import vllm.plugins
+from vllm_capture_guard.runtime import plugin
+from vllm_capture_guard.runtime.patches import is_guarded, original_of
+vllm.plugins.load_general_plugins()
+import vllm.v1.worker.gpu_model_runner as v1
+import vllm.v1.worker.gpu.model_runner as v2
+r = plugin.report()
+out = {"entries": r.entries if r else None}
+for key, module in (("v1", v1), ("v2", v2)):
+    entry = module.GPUModelRunner.__dict__["capture_model"]
+    out[key] = is_guarded(entry)
+    out[key + "_original"] = original_of(entry).__module__ == module.__name__
+print(json.dumps(out))
+"""
+
+
+def test_both_runners_check_again_at_their_capture_entry():
+    out, _ = run_snippet(ENTRY, VLLM_CAPTURE_GUARD="on")
+    assert out["v1"] and out["v2"], out
+    assert out["v1_original"] and out["v2_original"]
+    assert sorted(out["entries"]) == [
+        "vllm.v1.worker.gpu.model_runner",
+        "vllm.v1.worker.gpu_model_runner",
+    ]
+    off, _ = run_snippet(ENTRY, VLLM_CAPTURE_GUARD="off")
+    assert not off["v1"] and not off["v2"]
+
+
+def test_runner_without_capture_entry_warns_once(fresh_plugin):
+    import types
+
+    plugin.register()
+    hook = plugin._guard_entry(logging.getLogger("cg-test"))
+    hook(types.ModuleType("vendor.worker.model_runner"))
+    (warning,) = [r for r in fresh_plugin.records if r.levelno == logging.WARNING]
+    assert "vendor.worker.model_runner has no GPUModelRunner.capture_model" in (
+        warning.getMessage()
+    )

@@ -79,7 +79,8 @@ def nested(self, cm):
 
 
 def dynamic(self, cm):
-    cm.query_start_loc = None
+    field = "query_start_loc"
+    setattr(cm, field, None)
     return self.build(0, cm)
 
 

@@ -72,6 +72,10 @@ class _Finder(importlib.abc.MetaPathFinder):
                 if vars(loader).get("exec_module") is exec_module:
                     del loader.exec_module
             if module.__name__ == fullname:
+                # The body ran: the module is complete (importlib says so a
+                # moment later), and hooks may tell it from one mid-import.
+                with contextlib.suppress(Exception):
+                    module.__spec__._initializing = False
                 with _lock:
                     hooks = _pending.pop(fullname, [])
                 _run(fullname, module, hooks)

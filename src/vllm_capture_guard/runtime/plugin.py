@@ -1,21 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """vLLM general plugin entry point (group ``vllm.general_plugins``).
 
-vLLM calls :func:`register` in every process it starts (front end, engine
-core, each worker, the model-inspection subprocess). ``register`` reads the
-switches (:mod:`.switch`) and sets post-import hooks (:mod:`.hooks`); it
-imports no vLLM attention module and initialises no CUDA/HIP. Then:
+vLLM calls :func:`register` in every process it starts. It reads the switches
+and sets post-import hooks; it imports no vLLM attention module and
+initialises no CUDA/HIP. Then every patch applies
 
-* each patch applies the moment vLLM imports a module it fixes (at once, if
-  vLLM already did), so a process that never imports a ROCm backend, such as
-  the API server, pays nothing;
-* right before capture, the model runner's ``capture_model`` (V1's and Model
-  Runner V2's) applies every patch again: classes defined, methods put back
-  and modules reloaded since the import are guarded before the first graph.
+* the moment vLLM imports a module it fixes (a process that never imports a
+  ROCm backend, such as the API server, pays nothing), and
+* again right before capture, in the model runner's ``capture_model`` (V1's
+  and Model Runner V2's): classes defined, methods put back and modules
+  reloaded since the import are guarded before the first graph.
 
-What a patch did is logged once, and again only when it changes: INFO when it
-patched or found nothing to do, a WARNING when it fixed code that it could
-not read as fixed, or could not act. Nothing here ever raises into vLLM.
+What a patch did is logged once, and again only when it changes: INFO, or a
+WARNING when it fixed code it could not read as fixed, or could not act.
+Nothing here ever raises into vLLM.
 """
 
 from __future__ import annotations
@@ -38,32 +36,26 @@ class Report:
     """What the plugin did in this process so far."""
 
     mode: str
-    #: "armed" (waiting for vLLM to import a backend), "patched",
-    #: "not needed", "disabled", "skipped" or "failed".
-    action: str
+    action: str  # armed, patched, not needed, disabled, skipped or failed
     message: str
-    outcomes: dict = dataclasses.field(default_factory=dict)
+    outcomes: dict = dataclasses.field(default_factory=dict)  # name -> Outcome
     failures: list = dataclasses.field(default_factory=list)
-    #: Capture entries guarded so far (module names).
-    entries: list = dataclasses.field(default_factory=list)
+    entries: list = dataclasses.field(default_factory=list)  # guarded runners
 
 
 _report: Report | None = None
+_lock = threading.RLock()
 
 
 def _patches():  # noqa: ANN202
-    """The patches package, imported only when the plugin acts."""
+    """The patches, imported only once the plugin acts."""
     from vllm_capture_guard.runtime import patches
 
     return patches
 
 
-_lock = threading.RLock()
-
-
 def _logger() -> logging.Logger:
-    # A child of vLLM's "vllm" logger, so the line gets vLLM's handler/format.
-    try:
+    try:  # a child of vLLM's logger: vLLM's handler and format
         from vllm.logger import init_logger
 
         return init_logger("vllm.capture_guard")
@@ -75,10 +67,10 @@ def platform_name() -> tuple[bool, str]:
     """(is ROCm, name) of vLLM's current platform."""
     from vllm.platforms import current_platform
 
-    # Read the class, not the instance: Platform.__getattr__ warns and imports.
-    cls = type(current_platform)
-    name = getattr(cls, "device_name", None) or cls.__name__
-    return bool(current_platform.is_rocm()), str(name)
+    cls = type(current_platform)  # the class: Platform.__getattr__ would import
+    return bool(current_platform.is_rocm()), str(
+        getattr(cls, "device_name", None) or cls.__name__
+    )
 
 
 def vllm_version() -> str:
@@ -91,19 +83,16 @@ def vllm_version() -> str:
 
 
 def _summarise(report: Report) -> None:
-    Status = _patches().Status  # noqa: N806
-    statuses = {o.status for o in report.outcomes.values()}
+    s = _patches().Status
+    found = {o.status for o in report.outcomes.values()}
     if report.failures:
-        action = "failed"
-    elif statuses & {Status.PATCHED, Status.ALREADY}:
-        action = "patched"
-    elif statuses and statuses <= {Status.NOT_NEEDED, Status.DISABLED}:
-        action = "not needed"
-    else:
-        action = "armed"
-    report.action = action
+        report.action = "failed"
+    elif found & {s.PATCHED, s.ALREADY}:
+        report.action = "patched"
+    elif found and found <= {s.NOT_NEEDED, s.DISABLED}:
+        report.action = "not needed"
     parts = [str(o) for o in report.outcomes.values()] + report.failures
-    report.message = f"{action} on vLLM {vllm_version()}: " + "; ".join(parts)
+    report.message = f"{report.action} on vLLM {vllm_version()}: " + "; ".join(parts)
 
 
 def _fail(log: logging.Logger, what: str, error: BaseException) -> None:
@@ -117,8 +106,7 @@ def _fail(log: logging.Logger, what: str, error: BaseException) -> None:
 
 def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
     """Apply every patch to what vLLM has imported; log what changed."""
-    log = log or _logger()
-    Status = _patches().Status  # noqa: N806
+    log, s = log or _logger(), _patches().Status
     for patch in _patches().PATCHES:
         with _lock:
             if patch.reverted or _report is None:
@@ -129,10 +117,11 @@ def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
                 _fail(log, patch.name, e)
                 continue
             before = _report.outcomes.get(patch.name)
-            if outcome.status is Status.UNAVAILABLE or _same(before, outcome):
-                continue
-            if before is not None and outcome.status is Status.ALREADY:
-                continue  # our own fix, found again
+            if outcome.status is s.UNAVAILABLE or (
+                before is not None
+                and (outcome.status is s.ALREADY or outcome == before)
+            ):
+                continue  # nothing imported yet, or nothing new
             _report.outcomes[patch.name] = outcome
             _summarise(_report)
         if outcome.warning:
@@ -141,16 +130,12 @@ def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
             log.info(f"{PREFIX}: {outcome} on vLLM {vllm_version()}{when}")
 
 
-def _same(a, b) -> bool:  # noqa: ANN001
-    return a is not None and (a.status, a.detail) == (b.status, b.detail)
-
-
 def _rechecking(capture_model):  # noqa: ANN001, ANN202
     def capture_model_(self, *args, **kwargs):
         try:
-            apply_all(when=" (re-checked before capture)")
+            apply_all(when=" (checked again before capture)")
         except Exception as e:  # never stop vLLM's capture
-            _fail(_logger(), "re-check before capture", e)
+            _fail(_logger(), "check before capture", e)
         return capture_model(self, *args, **kwargs)
 
     return capture_model_
@@ -158,32 +143,29 @@ def _rechecking(capture_model):  # noqa: ANN001, ANN202
 
 def _guard_entry(log: logging.Logger):  # noqa: ANN202
     def hook(module: ModuleType) -> None:
-        cls = getattr(module, RUNNER, None)
+        cls, patches = getattr(module, RUNNER, None), _patches()
         with _lock:
             if not callable(getattr(cls, CAPTURE, None)):
-                where = f"{module.__name__} has no {RUNNER}.{CAPTURE}"
                 log.warning(
-                    f"{PREFIX}: {where}; the guard set at import stands, "
-                    "but what changes after it is not re-checked"
+                    f"{PREFIX}: {module.__name__} has no {RUNNER}.{CAPTURE}; the "
+                    "guard set at import stands, but is not checked before capture"
                 )
-                return
-            if not _patches().is_guarded(cls.__dict__.get(CAPTURE)):
-                _patches().wrap_method(cls, CAPTURE, _rechecking)
-            if _report is not None and module.__name__ not in _report.entries:
-                _report.entries.append(module.__name__)
+            elif not patches.is_guarded(cls.__dict__.get(CAPTURE)):
+                patches.wrap_method(cls, CAPTURE, _rechecking)
+                if _report is not None:
+                    _report.entries.append(module.__name__)
 
     return hook
 
 
 def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
     if mode is switch.Mode.OFF:
-        why = f"{switch.ENV}=off; vLLM's capture is unchanged"
-        return Report(mode.value, "disabled", why)
+        return Report("off", "disabled", f"{switch.ENV}=off; vLLM is unchanged")
     if mode is switch.Mode.AUTO:
         is_rocm, name = platform_name()
         if not is_rocm:
             why = f"platform is {name}, not ROCm (set {switch.ENV}=on to act anyway)"
-            return Report(mode.value, "skipped", why)
+            return Report("auto", "skipped", why)
     patches = _patches()
     unknown = ", ".join(sorted(switch.disabled_patches() - patches.NAMES))
     if unknown:

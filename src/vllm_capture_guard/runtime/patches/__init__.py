@@ -1,15 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Backports of upstream vLLM fixes: one module per upstream fix.
+"""Backports of upstream vLLM fixes: one module per fix, each documented under
+What, Symptom, Cause, Upstream, Affected, Detected, How, Delete when.
 
-Each module documents its patch under the same headings (What, Symptom, Cause,
-Upstream, Affected, Detected, How, Delete when) and defines one :class:`Patch`.
-The base class runs the sequence once, under one lock: is the patch switched
-off? is its module imported? what does the installed code need (``plan``, by
-reading source, never by running it or by version)? then ``install``. Patching
-is idempotent and thread-safe; wrappers never stack.
-
-A patch never imports a vLLM module: it acts on what vLLM has imported, when
-vLLM imports it and again right before capture (:mod:`..plugin`).
+A :class:`Patch` never imports a vLLM module and never runs vLLM's code to
+learn what it does: it reads the source of what vLLM has imported (``plan``)
+and installs its fix where that is not upstream's fixed shape. ``apply`` is
+idempotent and thread-safe (one lock); wrappers never stack.
 """
 
 from __future__ import annotations
@@ -17,19 +13,16 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import importlib
 import sys
 import threading
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
 
 from vllm_capture_guard.runtime import switch
 
-#: Set on every function we install; its value is what it replaced in the
-#: class's own ``__dict__`` (``None`` when the class only inherited it).
+#: Set on every function we install: what it replaced in the class's own
+#: ``__dict__`` (``None`` when the class only inherited it).
 MARKER = "__vllm_capture_guard_original__"
-#: One lock for every patch: hooks, the capture entry and the tools may race.
 LOCK = threading.RLock()
 
 
@@ -52,40 +45,32 @@ FIXED = frozenset({Status.PATCHED, Status.ALREADY, Status.NOT_NEEDED})
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
+    """What a patch found or did. ``warning``: fixed because in doubt.
+    ``data``: what ``install`` needs (a NEEDED plan)."""
+
     patch: str
     status: Status
     detail: str
-    #: Set when the fix went in because the code was in doubt.
     warning: str | None = None
+    data: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.patch}: {self.status} ({self.detail})"
-
-
-@dataclasses.dataclass
-class Plan:
-    """What ``install`` would do; ``status`` is NEEDED, ALREADY or NOT_NEEDED."""
-
-    status: Status
-    detail: str
-    warning: str | None = None
-    data: Any = None
-
-
-def original_of(fn: Any) -> Any:
-    """The vLLM function behind our wrappers (what each one resolved when it
-    was made), or ``fn`` itself."""
-    fn = getattr(fn, "__func__", fn)
-    while is_guarded(fn) and hasattr(fn, "__wrapped__"):
-        fn = getattr(fn.__wrapped__, "__func__", fn.__wrapped__)
-    return fn
 
 
 def is_guarded(fn: Any) -> bool:
     return hasattr(getattr(fn, "__func__", fn), MARKER)
 
 
-def wrap_method(cls: type, name: str, make: Callable[[Any], Any]) -> None:
+def original_of(fn: Any) -> Any:
+    """The vLLM function behind our wrappers, or ``fn`` itself."""
+    fn = getattr(fn, "__func__", fn)
+    while is_guarded(fn) and hasattr(fn, "__wrapped__"):
+        fn = getattr(fn.__wrapped__, "__func__", fn.__wrapped__)
+    return fn
+
+
+def wrap_method(cls: type, name: str, make: Any) -> None:
     """Give ``cls`` its own ``name`` = ``make(what cls resolves now)``."""
     wrapper = functools.wraps(getattr(cls, name))(make(getattr(cls, name)))
     setattr(wrapper, MARKER, cls.__dict__.get(name))
@@ -118,68 +103,57 @@ def subclasses(root: type) -> list[type]:
 
 
 class Patch:
-    """One upstream fix. Subclasses set the class attributes and implement
-    ``plan``/``install``/``uninstall``; callers use ``apply``/``revert`` (and
-    the tools ``inspect``). Those may raise; the plugin turns that into one
-    WARNING."""
+    """One upstream fix: subclasses set the class attributes and implement
+    ``plan`` (NEEDED, ALREADY or NOT_NEEDED), ``install`` and ``uninstall``."""
 
-    #: Short name: log lines, ``status``, ``VLLM_CAPTURE_GUARD_DISABLE``.
-    name: ClassVar[str]
-    #: The upstream pull request this backports, e.g. ``"#51585"``.
-    pr: ClassVar[str]
-    #: vLLM modules whose import triggers the patch; the first is the main one.
-    modules: ClassVar[tuple[str, ...]]
-    #: Registry names of the attention backends whose capture it fixes.
-    backends: ClassVar[tuple[str, ...]] = ()
-    #: (module, class) of the vLLM classes it may change.
-    targets: ClassVar[tuple[tuple[str, str], ...]] = ()
-    #: Set by :meth:`revert`; :meth:`apply` clears it.
-    reverted: bool = False
+    name: ClassVar[str]  # log lines, status, VLLM_CAPTURE_GUARD_DISABLE
+    pr: ClassVar[str]  # the upstream pull request, e.g. "#51585"
+    modules: ClassVar[tuple[str, ...]]  # whose import applies it; first: main
+    backends: ClassVar[tuple[str, ...]] = ()  # attention backends it fixes
+    targets: ClassVar[tuple[tuple[str, str], ...]] = ()  # (module, class) changed
+    reverted: bool = False  # set by revert(); apply() clears it
 
-    def plan(self, module: ModuleType) -> Plan:
+    def plan(self, module: ModuleType) -> Outcome:
         raise NotImplementedError
 
-    def install(self, plan: Plan) -> str:
+    def install(self, plan: Outcome) -> str:
         raise NotImplementedError
 
     def uninstall(self) -> bool:
         raise NotImplementedError
 
-    def _decide(self) -> Outcome | Plan:
+    def decide(self) -> Outcome:
+        """What the imported code needs; changes nothing."""
         if self.name in switch.disabled_patches():
             why = f"listed in {switch.DISABLE_ENV}; vLLM's code is unchanged"
             return Outcome(self.name, Status.DISABLED, why)
         module = sys.modules.get(self.modules[0])
-        if module is None:
-            why = f"{self.modules[0]} is not imported"
+        if getattr(getattr(module, "__spec__", None), "_initializing", module is None):
+            why = f"{self.modules[0]} is not imported (yet)"
             return Outcome(self.name, Status.UNAVAILABLE, why)
         return self.plan(module)
 
     def inspect(self) -> Outcome:
-        """For the tools: import the main module, then say what this vLLM
-        needs, changing nothing."""
+        """For the tools: import the main module, then :meth:`decide`."""
+        import importlib
+
+        try:
+            importlib.import_module(self.modules[0])
+        except Exception as e:
+            why = f"cannot import {self.modules[0]}: {type(e).__name__}: {e}"
+            return Outcome(self.name, Status.UNAVAILABLE, why[:300])
         with LOCK:
-            try:
-                importlib.import_module(self.modules[0])
-            except Exception as e:
-                why = f"cannot import {self.modules[0]}: {type(e).__name__}: {e}"
-                return Outcome(self.name, Status.UNAVAILABLE, why[:300])
-            decided = self._decide()
-            if isinstance(decided, Outcome):
-                return decided
-            return Outcome(self.name, decided.status, decided.detail, decided.warning)
+            return self.decide()
 
     def apply(self) -> Outcome:
         """Install what the imported code needs. Idempotent; imports nothing."""
         with LOCK:
             self.reverted = False
-            decided = self._decide()
-            if isinstance(decided, Outcome):
-                return decided
-            if decided.status is not Status.NEEDED:
-                return Outcome(self.name, decided.status, decided.detail)
-            detail = self.install(decided)
-            return Outcome(self.name, Status.PATCHED, detail, decided.warning)
+            plan = self.decide()
+            if plan.status is not Status.NEEDED:
+                return plan
+            detail = self.install(plan)
+            return Outcome(self.name, Status.PATCHED, detail, plan.warning)
 
     def revert(self) -> bool:
         """Undo :meth:`apply` in this process (tests, tools)."""
@@ -189,19 +163,15 @@ class Patch:
 
 
 def _patches() -> tuple[Patch, ...]:
-    from vllm_capture_guard.runtime.patches.rocm_aiter_unified_builder import (
-        RocmAiterUnifiedBuilder,
+    from vllm_capture_guard.runtime.patches import (
+        rocm_aiter_unified_builder as aiter,
     )
-    from vllm_capture_guard.runtime.patches.rocm_attn_cpu_offsets import (
-        RocmAttnCpuOffsets,
-    )
+    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as rocm
 
-    # Order matters: the AITER backport derives from the builder that the first
-    # one guards, and vLLM imports rocm_attn before the AITER module.
-    return (RocmAttnCpuOffsets(), RocmAiterUnifiedBuilder())
+    # In this order: the AITER backport derives from the builder the first guards.
+    return (rocm.RocmAttnCpuOffsets(), aiter.RocmAiterUnifiedBuilder())
 
 
-#: Every patch, in the order they apply.
 PATCHES: tuple[Patch, ...] = _patches()
 NAMES = frozenset(p.name for p in PATCHES)
 

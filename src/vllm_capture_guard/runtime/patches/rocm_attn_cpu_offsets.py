@@ -2,10 +2,9 @@
 """ROCm capture must not change the shared host metadata.
 
 What:
-    ``build_for_cudagraph_capture`` of
-    ``vllm.v1.attention.backends.rocm_attn.RocmAttentionMetadataBuilder``, of
-    every class derived from it, and of the builders that the ROCm and AITER
-    unified backends return.
+    ``build_for_cudagraph_capture`` of ``vllm.v1.attention.backends.rocm_attn
+    .RocmAttentionMetadataBuilder``, of every class derived from it, and of the
+    builders that the ROCm and AITER unified backends return.
 
 Symptom:
     ``vllm serve`` of MiniMax-M3 with ``--attention-backend ROCM_ATTN`` or
@@ -13,15 +12,13 @@ Symptom:
 
         File "vllm/models/minimax_m3/common/indexer.py", line 317, in build
             assert decode_query_len > 0
-        EngineCore failed to start.
 
 Cause:
     The runner hands one ``CommonAttentionMetadata`` (views of its persistent
-    buffers, shallow-copied per KV-cache group) to every builder in turn. This
-    capture zeroes the device ``query_start_loc`` (a guard against an illegal
-    memory access in the prefix-prefill kernel, vLLM issue #25985) and also the
-    host ``query_start_loc_cpu``, which no ROCm kernel reads but every later
-    builder does: the MiniMax-M3 indexer then computes a query length of 0.
+    buffers) to every builder in turn. This capture zeroes the device
+    ``query_start_loc`` (a guard against a fault in the prefix-prefill kernel,
+    vLLM #25985) and also the host ``query_start_loc_cpu``, which later
+    builders read: MiniMax-M3's indexer then finds a query length of 0.
 
 Upstream:
     vllm-project/vllm PR #51585, in 0.29.0: only the device offsets are zeroed.
@@ -30,20 +27,17 @@ Affected:
     0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them.
 
 Detected:
-    By reading, never running: a class is left alone only if the capture it
-    resolves has upstream's fixed shape (:func:`..shape.fixed_shape`: the
-    metadata goes only to ``self.build`` or to a device field, no host field
-    is touched). Anything else, readable or not, gets the guard; a capture that
-    is in doubt rather than plainly writing a host field gets a WARNING too.
+    By reading, never running (:mod:`..shape`): a class is left alone only if
+    the capture it resolves has upstream's fixed shape. Anything else gets the
+    fix; one that is in doubt, rather than plainly touching a host field, with
+    a WARNING.
 
 How:
-    The class gets its own ``build_for_cudagraph_capture``, which runs the one
-    it resolved before on a shallow copy of the metadata whose host fields
-    (tensors, arrays) are copies: the capture's device writes reach the
-    runner's buffers (the #25985 guard kept, as in 0.29.0), its host writes
-    reach nothing that another builder reads, and the runner's pinned host
-    buffers are never written (no window, no race with a pending copy to the
-    device). ``build()``, the serving path, is not touched.
+    The class gets its own capture, which runs the one it resolved before on a
+    shallow copy of the metadata whose host fields (tensors, arrays) are
+    copies: device writes still reach the runner's buffers (the #25985 guard,
+    as in 0.29.0); host writes reach nothing another builder reads, and the
+    runner's pinned host buffers are never written. ``build()`` is untouched.
 
 Delete when:
     The oldest vLLM this project supports is 0.29.0 or newer.
@@ -56,36 +50,25 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from vllm_capture_guard.runtime.patches import (
-    Patch,
-    Plan,
-    Status,
-    is_guarded,
-    subclasses,
-    unwrap_method,
-    wrap_method,
-)
+from vllm_capture_guard.runtime import patches as base
 from vllm_capture_guard.runtime.shape import fixed_shape, is_host_field
 
 MODULE = "vllm.v1.attention.backends.rocm_attn"
-AITER_MODULE = "vllm.v1.attention.backends.rocm_aiter_unified_attn"
-CLASS = "RocmAttentionMetadataBuilder"
+AITER = "vllm.v1.attention.backends.rocm_aiter_unified_attn"
+CLASS, METHOD = "RocmAttentionMetadataBuilder", "build_for_cudagraph_capture"
 BACKENDS = (
     (MODULE, "RocmAttentionBackend"),
-    (AITER_MODULE, "RocmAiterUnifiedAttentionBackend"),
+    (AITER, "RocmAiterUnifiedAttentionBackend"),
 )
-METHOD = "build_for_cudagraph_capture"
-#: Host field names per metadata class, found once.
-_HOST: dict[type, tuple[str, ...]] = {}
+_HOST: dict[type, tuple[str, ...]] = {}  # host field names per metadata class
 
 
 def _own_copy(metadata: Any) -> Any:
     """A shallow copy of ``metadata`` whose host fields are copies too."""
-    cls = type(metadata)
-    names = _HOST.get(cls)
+    names = _HOST.get(type(metadata))
     if names is None:
-        fields = getattr(cls, "__dataclass_fields__", None) or vars(metadata)
-        names = _HOST[cls] = tuple(n for n in fields if is_host_field(n))
+        fields = getattr(metadata, "__dataclass_fields__", None) or vars(metadata)
+        names = _HOST[type(metadata)] = tuple(n for n in fields if is_host_field(n))
     own = copy.copy(metadata)
     for name in names:
         value = getattr(own, name, None)
@@ -98,81 +81,67 @@ def _own_copy(metadata: Any) -> Any:
 
 def _isolated(capture: Any) -> Any:
     def build_for_cudagraph_capture(self, common_attn_metadata, *args, **kwargs):
-        own = _own_copy(common_attn_metadata)
-        return capture(self, own, *args, **kwargs)
+        return capture(self, _own_copy(common_attn_metadata), *args, **kwargs)
 
     return build_for_cudagraph_capture
 
 
 def family() -> list[type]:
-    """The ROCm builder, the builders the ROCm backends return, and every
-    class derived from them, as imported now."""
+    """The ROCm builder, the builders the ROCm backends return, and every class
+    derived from them, as imported now."""
     roots = [getattr(sys.modules.get(MODULE), CLASS, None)]
-    for module, backend in BACKENDS:
-        get = getattr(
-            getattr(sys.modules.get(module), backend, None), "get_builder_cls", None
-        )
-        roots.append(get() if callable(get) else None)
+    for module, name in BACKENDS:
+        backend = getattr(sys.modules.get(module), name, None)
+        roots.append(backend.get_builder_cls() if backend is not None else None)
     found: list[type] = []
     for root in roots:
         if isinstance(root, type):
-            found += [c for c in subclasses(root) if c not in found]
+            found += [c for c in base.subclasses(root) if c not in found]
     return found
 
 
-class RocmAttnCpuOffsets(Patch):
-    name = "rocm-attn-cpu-offsets"
-    pr = "#51585"
-    modules = (MODULE, AITER_MODULE)
+class RocmAttnCpuOffsets(base.Patch):
+    name, pr = "rocm-attn-cpu-offsets", "#51585"
+    modules = (MODULE, AITER)
     backends = ("ROCM_ATTN", "ROCM_AITER_UNIFIED_ATTN")
     targets = ((MODULE, CLASS), BACKENDS[0])
 
-    def plan(self, module: ModuleType) -> Plan:
+    def plan(self, module: ModuleType) -> base.Outcome:
         classes = family()
         if not classes:
             raise LookupError(f"{MODULE} has no {CLASS} and no backend builder")
         wrap, doubts, kept = [], [], []
         for cls in classes:
             capture = getattr(cls, METHOD, None)
-            if capture is None or is_guarded(capture):
-                kept += [cls.__name__] if capture is not None else []
-                continue
-            why = fixed_shape(capture)
-            if why is None:
-                continue
-            wrap.append(cls)
-            if not why.startswith("it touches"):  # not a plain host write
-                doubts.append(f"{cls.__qualname__} ({why})")
-        if wrap:
-            names = ", ".join(c.__name__ for c in wrap)
-            warning = None
-            if doubts:
-                warning = (
-                    f"could not show by reading that the capture of "
-                    f"{'; '.join(doubts)} leaves the host metadata alone, so it "
-                    f"now runs on its own copy of the host fields as in vLLM "
-                    f"0.29.0 (backport of PR {self.pr})"
-                )
-            return Plan(
-                Status.NEEDED, f"{names} capture may write host fields", warning, wrap
-            )
-        if kept:
-            return Plan(Status.ALREADY, f"{', '.join(kept)} capture on own host copies")
-        return Plan(Status.NOT_NEEDED, f"{CLASS} capture leaves host fields alone")
-
-    def install(self, plan: Plan) -> str:
-        done = []
-        for cls in plan.data:  # base classes first: a subclass that only
-            if not is_guarded(getattr(cls, METHOD)):  # inherits needs nothing
-                wrap_method(cls, METHOD, _isolated)
-                done.append(cls.__name__)
-        return (
-            f"{', '.join(done)}.{METHOD} runs on its own copy of the host "
-            f"fields (backport of PR {self.pr})"
+            why = None if capture is None else fixed_shape(capture)
+            if capture is not None and base.is_guarded(capture):
+                kept.append(cls.__name__)
+            elif why is not None:
+                wrap.append(cls)
+                if not why.startswith("it touches"):
+                    doubts.append(f"{cls.__qualname__} ({why})")
+        if not wrap:
+            status = base.Status.ALREADY if kept else base.Status.NOT_NEEDED
+            return base.Outcome(self.name, status, f"{CLASS} capture keeps host fields")
+        warning = doubts and (
+            f"could not show by reading that the capture of {'; '.join(doubts)} "
+            f"leaves the host metadata alone, so it now runs on its own copy of "
+            f"the host fields as in vLLM 0.29.0 (backport of PR {self.pr})"
+        )
+        names = ", ".join(c.__name__ for c in wrap)
+        detail = f"{names} capture may write host fields"
+        return base.Outcome(
+            self.name, base.Status.NEEDED, detail, warning or None, wrap
         )
 
+    def install(self, plan: base.Outcome) -> str:
+        done = []
+        for cls in plan.data:  # base classes first: a subclass that only
+            if not base.is_guarded(getattr(cls, METHOD)):  # inherits needs none
+                base.wrap_method(cls, METHOD, _isolated)
+                done.append(cls.__name__)
+        fields = "runs on its own copy of the host fields"
+        return f"{', '.join(done)}.{METHOD} {fields} (backport of PR {self.pr})"
+
     def uninstall(self) -> bool:
-        undone = False
-        for cls in reversed(family()):
-            undone |= unwrap_method(cls, METHOD)
-        return undone
+        return any([base.unwrap_method(c, METHOD) for c in reversed(family())])
