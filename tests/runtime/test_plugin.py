@@ -6,6 +6,7 @@ stand in for a broken vLLM)."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 
 import pytest
@@ -208,6 +209,10 @@ def test_unrecognisable_backend_module_is_failed_not_not_needed(
 
     monkeypatch.delattr(rocm_attn, "RocmAttentionMetadataBuilder")
     monkeypatch.delattr(rocm_attn, "RocmAttentionBackend")
+    # nor does any other module name a ROCm builder
+    monkeypatch.delitem(
+        sys.modules, "vllm.v1.attention.backends.rocm_aiter_unified_attn", raising=False
+    )
     monkeypatch.setenv(switch.DISABLE_ENV, "rocm-aiter-unified-builder")
     plugin.register()
     report = plugin.report()

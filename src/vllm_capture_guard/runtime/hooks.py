@@ -87,7 +87,8 @@ class _Finder(importlib.abc.MetaPathFinder):
         except Exception:
             with _lock:
                 hooks = _pending.pop(fullname, [])
-            error = RuntimeError(f"cannot watch the import of {fullname}: {loader!r}")
+            why = f"its loader {loader!r} cannot carry a hook"
+            error = RuntimeError(f"cannot watch the import of {fullname}: {why}")
             for _hook, on_error in hooks:
                 with contextlib.suppress(Exception):
                     on_error(fullname, error)

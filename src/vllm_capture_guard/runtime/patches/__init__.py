@@ -108,7 +108,7 @@ class Patch:
 
     name: ClassVar[str]  # log lines, status, VLLM_CAPTURE_GUARD_DISABLE
     pr: ClassVar[str]  # the upstream pull request, e.g. "#51585"
-    modules: ClassVar[tuple[str, ...]]  # whose import applies it; first: main
+    modules: ClassVar[tuple[str, ...]]  # whose import applies it
     backends: ClassVar[tuple[str, ...]] = ()  # attention backends it fixes
     targets: ClassVar[tuple[tuple[str, str], ...]] = ()  # (module, class) changed
     reverted: bool = False  # set by revert(); apply() clears it
@@ -127,11 +127,13 @@ class Patch:
         if self.name in switch.disabled_patches():
             why = f"listed in {switch.DISABLE_ENV}; vLLM's code is unchanged"
             return Outcome(self.name, Status.DISABLED, why)
-        module = sys.modules.get(self.modules[0])
-        if getattr(getattr(module, "__spec__", None), "_initializing", module is None):
-            why = f"{self.modules[0]} is not imported (yet)"
-            return Outcome(self.name, Status.UNAVAILABLE, why)
-        return self.plan(module)
+        for name in self.modules:  # the first that vLLM has imported
+            module = sys.modules.get(name)
+            spec = getattr(module, "__spec__", None)
+            if module is not None and not getattr(spec, "_initializing", False):
+                return self.plan(module)
+        why = f"{', '.join(self.modules)} not imported (yet)"
+        return Outcome(self.name, Status.UNAVAILABLE, why)
 
     def inspect(self) -> Outcome:
         """For the tools: import the main module, then :meth:`decide`."""
