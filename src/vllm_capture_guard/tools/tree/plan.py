@@ -25,21 +25,57 @@ FIXES = (
 FILES = tuple(inside for _, _, inside in FIXES)
 
 
-def read_tree(tree: Tree) -> dict[str, bytes | None]:
-    """The target files' bytes (None where a file does not exist)."""
-    out: dict[str, bytes | None] = {}
+@dataclasses.dataclass(frozen=True)
+class Sourceless:
+    """A target module that the tree holds only as bytecode: Python may run it
+    (a ``<name>.pyc`` beside the missing source), but its code can be neither
+    read nor patched, so it is refused, never taken as absent."""
+
+    found: tuple[str, ...]  # the bytecode files, relative to the tree's root
+
+    def detail(self, rel: str) -> str:
+        return (
+            f"{rel} is missing but its bytecode is present ({', '.join(self.found)}):"
+            f" a module shipped as bytecode only cannot be read or patched; ship "
+            f"its source, or remove the bytecode if the module is really gone"
+        )
+
+
+Data = dict[str, "bytes | Sourceless | None"]
+
+
+def sourceless(tree: Tree, inside: str) -> Sourceless | None:
+    """The bytecode of ``inside`` when its source is missing: a sourceless
+    ``<name>.pyc`` beside it, or ``__pycache__/<name>.*.pyc``."""
+    path = tree.path(inside)
+    stem = path.name.removesuffix(".py")
+    found = [path.with_name(stem + ".pyc")]
+    cache = path.parent / "__pycache__"
+    if cache.is_dir():
+        found += sorted(cache.glob(f"{stem}.*.pyc"))
+    rels = tuple(p.relative_to(tree.root).as_posix() for p in found if p.exists())
+    return Sourceless(rels) if rels else None
+
+
+def read_tree(tree: Tree) -> Data:
+    """The target files' bytes: None where a file does not exist at all,
+    :class:`Sourceless` where only its bytecode does."""
+    out: Data = {}
     for inside in FILES:
         path = tree.path(inside)
-        out[inside] = path.read_bytes() if path.is_file() else None
+        out[inside] = path.read_bytes() if path.is_file() else sourceless(tree, inside)
     return out
 
 
-def inspect_bytes(tree: Tree, data: dict[str, bytes | None]) -> list[model.Finding]:
+def inspect_bytes(tree: Tree, data: Data) -> list[model.Finding]:
     sources: dict[str, Source | None] = {}
     broken: dict[str, str] = {}
     for inside, raw in data.items():
         if raw is None:
             sources[inside] = None
+            continue
+        if isinstance(raw, Sourceless):
+            broken[inside] = raw.detail(tree.rel(inside))
             continue
         try:
             sources[inside] = Source.parse(tree.path(inside), tree.rel(inside), raw)
@@ -68,7 +104,7 @@ def _inside(tree: Tree, finding: model.Finding) -> str:
 
 
 def patched_bytes(
-    tree: Tree, data: dict[str, bytes | None], findings: list[model.Finding]
+    tree: Tree, data: Data, findings: list[model.Finding]
 ) -> dict[str, bytes]:
     """The new bytes of every file that a finding says needs the fix."""
     out: dict[str, bytes] = {}
@@ -77,7 +113,7 @@ def patched_bytes(
             continue
         inside = _inside(tree, f)
         raw = data[inside]
-        assert raw is not None
+        assert isinstance(raw, bytes)
         src = Source.parse(tree.path(inside), f.rel, raw)
         out[inside] = src.edited(f.edits)
     return out
@@ -86,7 +122,7 @@ def patched_bytes(
 @dataclasses.dataclass
 class Plan:
     tree: Tree
-    data: dict[str, bytes | None]
+    data: Data
     findings: list[model.Finding]
     new: dict[str, bytes]  # inside -> patched bytes, for files that need the fix
 
@@ -108,7 +144,7 @@ class SelfCheckFailed(Exception):
     """Our own result did not pass our own checks (a bug of this tool)."""
 
 
-def self_check(tree: Tree, data: dict[str, bytes | None], new: dict[str, bytes]):
+def self_check(tree: Tree, data: Data, new: dict[str, bytes]):
     for inside, raw in new.items():
         try:
             compile(raw, tree.rel(inside), "exec", dont_inherit=True)
@@ -120,7 +156,7 @@ def self_check(tree: Tree, data: dict[str, bytes | None], new: dict[str, bytes])
             raise SelfCheckFailed(f"after the edit: {f}")
 
 
-def make_plan(tree: Tree, data: dict[str, bytes | None] | None = None) -> Plan:
+def make_plan(tree: Tree, data: Data | None = None) -> Plan:
     """Inspect ``tree`` (or ``data`` standing for its files). A plan that
     refuses nothing holds checked bytes for every file that needs the fix."""
     data = read_tree(tree) if data is None else data
