@@ -218,6 +218,9 @@ class Patch:
 
 
 def _patches() -> tuple[Patch, ...]:
+    from vllm_capture_guard.runtime.patches.graph_capture_stream import (
+        GraphCaptureStream,
+    )
     from vllm_capture_guard.runtime.patches.rocm_aiter_unified_builder import (
         RocmAiterUnifiedBuilder,
     )
@@ -226,8 +229,9 @@ def _patches() -> tuple[Patch, ...]:
     )
 
     # Order matters: the AITER backport subclasses the builder that the first
-    # one guards, and vLLM imports rocm_attn before the AITER module.
-    return (RocmAttnCpuOffsets(), RocmAiterUnifiedBuilder())
+    # one guards, and vLLM imports rocm_attn before the AITER module. The
+    # capture stream is independent of both.
+    return (RocmAttnCpuOffsets(), RocmAiterUnifiedBuilder(), GraphCaptureStream())
 
 
 #: Every patch, in the order they apply.
