@@ -39,7 +39,7 @@ from vllm_capture_guard.tools.tree.plan import (
 )
 
 HELP = """\
-The in-tree form: write the two backports into a vLLM tree (for image builders).
+The in-tree form: write the backports into a vLLM tree (for image builders).
 
 Exit codes:
   --check                      0 nothing to do (fixed upstream, or the tree
@@ -61,7 +61,7 @@ class Refused(Exception):
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "patch",
-        help="the in-tree form: write the two backports into a vLLM tree, for "
+        help="the in-tree form: write the backports into a vLLM tree, for "
         "image builders (exit 0 done or nothing to do, 1 --check: needs the fix, "
         "2 not recognised)",
         description=HELP,
@@ -251,9 +251,12 @@ def verdict(tree: Tree | None = None) -> dict[str, Any]:
     except TreeError as e:
         return {"verdict": "refused", "fixes": {}, "detail": str(e)}
     word = ("nothing to do", "applies", "refused")[plan.check_code]
+    fixes: dict[str, list[model.State]] = {}
+    for f in plan.findings:
+        fixes.setdefault(f.fix, []).append(f.state)
     return {
         "verdict": word,
-        "fixes": {f.fix: f.state for f in plan.findings},
+        "fixes": {fix: model.combined(states) for fix, states in fixes.items()},
         "detail": plan.refused[0].detail if plan.refused else "",
     }
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Both fixes over one tree: what each file needs, and the bytes it would get.
+"""Every fix over one tree: what each file needs, and the bytes it would get.
 
 :func:`inspect_bytes` is pure (file contents in, findings out), so the same
 code judges the tree, checks our own result before anything is written (the
@@ -13,7 +13,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_capture_guard.tools.tree import aiter_builder, cpu_offsets, model
+from vllm_capture_guard.tools.tree import (
+    aiter_builder,
+    capture_stream,
+    cpu_offsets,
+    model,
+)
 from vllm_capture_guard.tools.tree.locate import Tree
 from vllm_capture_guard.tools.tree.source import Source, Unrecognised
 
@@ -21,6 +26,7 @@ from vllm_capture_guard.tools.tree.source import Source, Unrecognised
 FIXES = (
     (cpu_offsets.FIX, cpu_offsets.PR, cpu_offsets.FILE),
     (aiter_builder.FIX, aiter_builder.PR, aiter_builder.FILE),
+    *((capture_stream.FIX, capture_stream.PR, f) for f in capture_stream.FILES),
 )
 FILES = tuple(inside for _, _, inside in FIXES)
 
@@ -96,7 +102,16 @@ def inspect_bytes(tree: Tree, data: Data) -> list[model.Finding]:
         b = unrecognised(aiter_builder, b_rel)
     else:
         b = aiter_builder.inspect(sources[aiter_builder.FILE], b_rel, capture)
-    return [a, b]
+    found = [a, b]
+    for inside, cls, method in capture_stream.SITES:  # independent of the above
+        rel = tree.rel(inside)
+        if inside in broken:
+            why = broken[inside]
+            found.append(model.Finding(capture_stream.FIX, capture_stream.PR, rel,
+                                       model.UNRECOGNISED, why))  # fmt: skip
+        else:
+            found.append(capture_stream.inspect(sources[inside], rel, cls, method))
+    return found
 
 
 def _inside(tree: Tree, finding: model.Finding) -> str:
