@@ -99,31 +99,53 @@ def test_unreadable_source_is_guarded_with_a_warning(unguarded, unpatched, monke
 
 
 SNIPPET = """
-import json, os
+import json, os, sys
 from tests import capture_sites as cs
 from vllm_capture_guard.runtime.patches import graph_capture_stream as mod
-cs.import_sites()
 def functions():
-    import sys
     return [vars(getattr(sys.modules[m], c))[n] for m, c, n in mod.SITES]
-before = functions()
 import vllm.plugins
+first = os.environ["ORDER"] == "vllm-first"
+if first:  # the modules are there when the plugin loads: hooks run at once
+    cs.import_sites()
+    before = functions()
 vllm.plugins.load_general_plugins()
-same = [a is b for a, b in zip(before, functions())]
+    same = [a is b for a, b in zip(before, functions())]
+else:  # the plugin loads first, as in a worker: hooks at import
+    cs.import_sites()
+    same = [not hasattr(f, mod.MARKER) for f in functions()]
 found = {site: cs.summary(cs.record(site)) for site in cs.SITES}
 print(json.dumps({"same": same, "found": found}))
 """
 
 
-def test_loaded_by_vllm_plugin_loader(affected):
-    out, logs = run_snippet(SNIPPET, VLLM_CAPTURE_GUARD="on")
+@pytest.mark.parametrize("order", ["vllm-first", "plugin-first"])
+def test_loaded_by_vllm_plugin_loader(order, affected):
+    out, logs = run_snippet(SNIPPET, VLLM_CAPTURE_GUARD="on", ORDER=order)
     for site, found in out["found"].items():
         assert set(found["streams"]) == {"current"}, (site, found)
     lines = [line for line in guard_lines(logs) if PATCH.name in line]
     assert lines, logs[-3000:]
     if affected:
         assert out["same"] == [False] * 3
-        assert "patched" in lines[0] and "WARNING" not in lines[0]
+        text = " ".join(lines)
+        assert "patched" in text and "WARNING" not in text
+        for name in ("capture", "_capture_budget_graph", "_setup_centroids"):
+            assert f".{name}" in text, text
     else:
         assert out["same"] == [True] * 3
         assert "not needed" in lines[0]
+
+
+def test_switched_off_by_name(affected):
+    out, logs = run_snippet(
+        SNIPPET,
+        VLLM_CAPTURE_GUARD="on",
+        VLLM_CAPTURE_GUARD_DISABLE=PATCH.name,
+        ORDER="vllm-first",
+    )
+    assert out["same"] == [True] * 3
+    lines = [line for line in guard_lines(logs) if PATCH.name in line]
+    assert lines and "disabled" in lines[0], logs[-3000:]
+    if affected:
+        assert all(None in f["streams"] for f in out["found"].values()), out

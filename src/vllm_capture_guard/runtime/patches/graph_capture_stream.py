@@ -33,8 +33,9 @@ Detected:
     that vLLM has imported (``inspect.getsource``, ``ast``). Needed where a
     ``torch.cuda.graph(...)`` call passes no stream; left alone where every
     such call passes one. A source that cannot be read is guarded, with one
-    WARNING; a function with no ``torch.cuda.graph`` call is left alone, with
-    one WARNING (this patch cannot change how it captures).
+    WARNING; a function with no ``torch.cuda.graph`` call, or whose module's
+    ``torch`` is not torch, is left alone, with one WARNING (this patch cannot
+    change how it captures).
 
 How:
     The class gets a copy of the function: the same code, defaults, closure
@@ -117,7 +118,9 @@ class _Globals(dict):
     """A module's globals, read live, with ``torch`` read through ``_Torch``."""
 
     def __init__(self, module: dict) -> None:
-        super().__init__(torch=_Torch(), __builtins__=module.get("__builtins__"))
+        super().__init__(torch=_Torch())
+        if "__builtins__" in module:  # read by FunctionType, not via __missing__
+            self["__builtins__"] = module["__builtins__"]
         self.module = module
 
     def __missing__(self, key: str) -> Any:
@@ -135,13 +138,20 @@ def stream_calls(fn: Any) -> list[bool]:
     ]
 
 
+def _holds(cell: Any, obj: Any) -> bool:
+    try:
+        return cell.cell_contents is obj
+    except ValueError:  # an empty cell
+        return False
+
+
 def copy_of(fn: Any) -> Any:
     """``fn`` reading ``torch`` through the view; a wrapper (``__wrapped__``)
     is copied with the copy of the function it holds in its closure."""
     inner = getattr(fn, "__wrapped__", None)
     cells = list(fn.__closure__ or ())
     if inner is not None:
-        held = [i for i, c in enumerate(cells) if c.cell_contents is inner]
+        held = [i for i, c in enumerate(cells) if _holds(c, inner)]
         if len(held) != 1:
             raise TypeError(f"{fn.__qualname__} does not hold what it wraps")
         cells[held[0]] = types.CellType(copy_of(inner))
@@ -195,6 +205,13 @@ class GraphCaptureStream(Patch):
         for where, cls, name in _loaded():
             if hasattr(cls.__dict__[name], MARKER):
                 already.append(where)
+                continue
+            inner = inspect.unwrap(cls.__dict__[name])
+            if (
+                getattr(inner, "__globals__", {}).get("torch")
+                is not sys.modules["torch"]
+            ):
+                warnings.append(f"{where}: its `torch` is not torch; unchanged")
                 continue
             try:
                 calls = stream_calls(cls.__dict__[name])
