@@ -109,9 +109,10 @@ first = os.environ["ORDER"] == "vllm-first"
 if first:  # the modules are there when the plugin loads: hooks run at once
     cs.import_sites()
     before = functions()
-vllm.plugins.load_general_plugins()
+    vllm.plugins.load_general_plugins()
     same = [a is b for a, b in zip(before, functions())]
 else:  # the plugin loads first, as in a worker: hooks at import
+    vllm.plugins.load_general_plugins()
     cs.import_sites()
     same = [not hasattr(f, mod.MARKER) for f in functions()]
 found = {site: cs.summary(cs.record(site)) for site in cs.SITES}
