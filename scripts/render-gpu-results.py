@@ -96,7 +96,29 @@ def render(data: dict) -> str:
             f"| {all(s['within_tolerance'] for s in steps)} "
             f"| {not c['control_within_tolerance']} |"
         )
+    lines += _capture_stream(data.get("capture_stream"))
     return "\n".join(lines) + "\n"
+
+
+def _capture_stream(found: dict | None) -> list[str]:
+    """Model Runner V2's own capture, a toy op with per-stream state (PR #53818)."""
+    if not found:
+        return []
+    return [
+        "",
+        "## Capture stream (PR #53818)",
+        "",
+        "vLLM's own Model Runner V2 capture (`CudaGraphManager.capture`, with its",
+        "real `graph_capture()`) of one FULL graph of a toy op that keeps a",
+        "workspace per stream, made by the eager warm-up, and raises when a",
+        "capture runs on a stream without one, as AITER's split-K GEMM does.",
+        "",
+        f"- without the patch: capture fails: `{found.get('unpatched')}`",
+        f"- with the patch ({found.get('patched')}): capture on the warm-up's "
+        f"stream: {found.get('same_stream')}; {found.get('replays')} replays, max "
+        f"abs error against eager {_e(found.get('max_abs_error', float('nan')))}; "
+        f"control without replay {_e(found.get('control_error', float('nan')))}",
+    ]
 
 
 def main() -> None:

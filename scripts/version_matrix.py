@@ -86,6 +86,8 @@ def facts() -> dict:
         "backends": list(seed_backends()),
         "unguarded": unguarded,
         "needed": needed,
+        # patches with no backend of the seed scenario: judged from source
+        "no_backend": [p.name for p in PATCHES if not p.backends],
         "guard_action": report.action,
         "outcomes": {
             name: [o.status.value, o.detail] for name, o in report.outcomes.items()
@@ -197,10 +199,21 @@ def _untouched(f: dict) -> str:
 
 
 def _patches(f: dict) -> str:
+    """One line per patch: what the guard did, or (no outcome: its module was
+    not imported) what ``inspect()`` found."""
     cells = []
-    for name, (status, _detail) in f["outcomes"].items():
+    for name in f["needed"]:
+        status = f["outcomes"].get(name, [f["needed"][name]])[0]
         cells.append(f"{name}: {status}")
     return "<br>".join(cells)
+
+
+def _no_backend(f: dict) -> list[str]:
+    """The affected cell's line for each patch that fixes no seed backend."""
+    return [
+        f"{name}: {f['needed'][name]} (from its source)"
+        for name in f.get("no_backend", [])
+    ]
 
 
 def _in_tree(f: dict) -> str:
@@ -225,7 +238,8 @@ def readme_section(results: dict) -> str:
     for version, r in results.items():
         f = r["facts"]
         unguarded = "<br>".join(
-            f"{b}: {_capture(f['unguarded'], b)}" for b in f["backends"]
+            [f"{b}: {_capture(f['unguarded'], b)}" for b in f["backends"]]
+            + _no_backend(f)
         )
         guarded = "<br>".join(
             f"{b}: {_capture(f['guarded'], b)}" for b in f["backends"]

@@ -51,6 +51,7 @@ def test_status_json_is_one_object(capsys, monkeypatch, vllm_version):
     assert {p["name"] for p in result["patches"]} == {
         "rocm-attn-cpu-offsets",
         "rocm-aiter-unified-builder",
+        "graph-capture-stream",
     }
 
 

@@ -38,20 +38,23 @@ def release_base(version: str) -> Path | None:
     return None
 
 
-def _mirror(src: Path, dest: Path, real: list[str], copies: set[str]) -> None:
-    """``dest`` as a real folder mirroring ``src``; ``real`` is the path of
-    folders still to descend into; ``copies`` the file names to copy."""
+def _mirror(src: Path, dest: Path, copies: set[Path]) -> None:
+    """``dest`` as a real folder mirroring ``src``; ``copies`` are the paths,
+    relative to ``src``, of the files to copy (their folders are real too)."""
     dest.mkdir()
+    folders = {f.parts[0] for f in copies if len(f.parts) > 1}
+    here = {f.name for f in copies if len(f.parts) == 1}
     for entry in src.iterdir():
         target = dest / entry.name
-        if real and entry.name == real[0]:
-            _mirror(entry, target, real[1:], copies)
-        elif not real and entry.name in copies:
+        if entry.name in folders:
+            inner = {Path(*f.parts[1:]) for f in copies if f.parts[0] == entry.name}
+            _mirror(entry, target, inner)
+        elif entry.name in here:
             shutil.copyfile(entry, target)
             shutil.copymode(entry, target)
         elif entry.name == "__pycache__" and entry.is_dir():
             target.mkdir()
-            stems = {Path(c).stem for c in copies} if not real else set()
+            stems = {Path(c).stem for c in here}
             for pyc in entry.iterdir():
                 if pyc.name.split(".")[0] not in stems:
                     (target / pyc.name).symlink_to(pyc)
@@ -62,10 +65,7 @@ def _mirror(src: Path, dest: Path, real: list[str], copies: set[str]) -> None:
 def make_overlay(base: Path, dest: Path) -> Path:
     """A patchable overlay of ``base/vllm`` under ``dest``; returns ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
-    folder = Path(FILES[0]).parent
-    assert all(Path(f).parent == folder for f in FILES)
-    copies = {Path(f).name for f in FILES}
-    _mirror(base / "vllm", dest / "vllm", list(folder.parts), copies)
+    _mirror(base / "vllm", dest / "vllm", {Path(f) for f in FILES})
     for info in base.glob("vllm-*.dist-info"):
         (dest / info.name).symlink_to(info)
     return dest

@@ -47,9 +47,13 @@ def make_tree(root: Path, data: dict[str, bytes]) -> Path:
 
 
 def state(root: Path) -> dict[str, bytes]:
-    """Every file under the backends folder, by name."""
-    folder = root / "vllm" / Path(FILES[0]).parent
-    return {p.name: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file of the tree's package, by path inside it."""
+    folder = root / "vllm"
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def patch(capsys, *args: str) -> tuple[int, str, str]:
@@ -80,11 +84,11 @@ def test_releases_check_and_diff(version, tmp_path, capsys):
     assert code_diff == 0
     if version in FIXED:
         assert code == 0, out
-        assert out.count(f": {model.UPSTREAM}: ") == 2
+        assert out.count(f": {model.UPSTREAM}: ") == len(FILES)
         assert diff == ""
         return
     assert code == 1, out
-    assert out.count(f": {model.NEEDED}: ") == 2
+    assert out.count(f": {model.NEEDED}: ") == len(FILES)
     assert "-        common_attn_metadata.query_start_loc_cpu.zero_()" in diff
     assert "+        return RocmAiterUnifiedAttentionMetadataBuilder" in diff
     assert diff.count("+# vllm-capture-guard: backport of vllm PR #53821") == 1
@@ -136,8 +140,8 @@ def test_apply_revert_round_trip(affected, capsys):
     code, out, _ = patch(capsys, "--apply", "--tree", str(affected))
     assert code == 0, out
     after = state(affected)
-    assert set(after) == set(before) | {n + files.SIDECAR for n in before}
-    for name in before:
+    assert set(after) == set(before) | {n + files.SIDECAR for n in FILES}
+    for name in FILES:
         assert after[name + files.SIDECAR] == before[name]
         assert after[name] != before[name]
     # a second --apply changes nothing
@@ -145,7 +149,7 @@ def test_apply_revert_round_trip(affected, capsys):
     assert code == 0 and "nothing to do" in out
     assert state(affected) == after
     code, out, _ = patch(capsys, "--check", "--tree", str(affected))
-    assert code == 0 and out.count(model.APPLIED) == 2, out
+    assert code == 0 and out.count(model.APPLIED) == len(FILES), out
     assert patch(capsys, "--diff", "--tree", str(affected))[1] == ""
     code, out, _ = patch(capsys, "--revert", "--tree", str(affected))
     assert code == 0, out
@@ -327,6 +331,82 @@ def test_absent_aiter_file_is_nothing_to_fix(tmp_path, capsys):
     del data[aiter_builder.FILE]
     root = make_tree(tmp_path, data)
     plan = make_plan(find_tree(root))
-    assert [f.state for f in plan.findings] == [model.NEEDED, model.ABSENT]
+    assert [f.state for f in plan.findings][:2] == [model.NEEDED, model.ABSENT]
     assert patch(capsys, "--apply", "--tree", str(root))[0] == 0
     assert patch(capsys, "--check", "--tree", str(root))[0] == 0
+
+
+@pytest.mark.parametrize("where", ["beside", "__pycache__"])
+def test_sourceless_aiter_file_is_refused(where, tmp_path, capsys):
+    """A tree that ships the AITER module as bytecode only is refused and
+    named, never judged absent; nothing is written, bytecode included, and
+    ``status`` does not say that the tree carries the fix."""
+    from vllm_capture_guard.tools.tree.command import status_line
+
+    root = make_tree(tmp_path, release_files("0.28.0"))
+    source = root / "vllm" / aiter_builder.FILE
+    cfile = (
+        source.with_suffix(".pyc")
+        if where == "beside"
+        else Path(importlib.util.cache_from_source(str(source)))
+    )
+    py_compile.compile(str(source), cfile=str(cfile), doraise=True)
+    source.unlink()
+    before = state(root)
+    assert cfile.relative_to(root / "vllm").as_posix() in before
+    code, out, _ = patch(capsys, "--check", "--tree", str(root))
+    assert code == 2, out
+    assert "rocm_aiter_unified_attn.py is missing but its bytecode is present" in out
+    assert model.ABSENT not in out and "nothing to fix" not in out
+    for mode in ("--apply", "--diff", "--revert"):
+        code, out, err = patch(capsys, mode, "--tree", str(root))
+        assert (code, mode) == (2 if mode != "--revert" else 0, mode), out + err
+        if mode != "--revert":
+            assert "refused" in out + err and cfile.name in out + err
+    assert state(root) == before
+    assert cfile.exists()
+    line = status_line(find_tree(root))
+    assert not line.startswith("yes") and model.UNRECOGNISED in line, line
+    # and once the tree's rocm_attn.py carries the fix, still not "yes"
+    (root / "vllm" / cpu_offsets.FILE).write_bytes(
+        make_plan(find_tree(make_tree(tmp_path / "ok", release_files("0.28.0")))).new[
+            cpu_offsets.FILE
+        ]
+    )
+    line = status_line(find_tree(root))
+    assert not line.startswith("yes") and model.UNRECOGNISED in line, line
+
+
+def test_concurrent_applies_are_serialised(tmp_path):
+    """Two ``patch --apply`` at once on one tree (an image build running steps
+    in parallel), with bytecode present: both exit 0, neither refuses, and the
+    tree ends patched, with its originals kept and nothing else left."""
+    data = release_files("0.28.0")
+    expected = make_plan(find_tree(make_tree(tmp_path / "expected", data))).new
+    cmd = [sys.executable, "-m", "vllm_capture_guard", "patch", "--apply"]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    for n in range(12):
+        root = make_tree(tmp_path / f"round{n}", data)
+        for inside in FILES:
+            py_compile.compile(str(root / "vllm" / inside), doraise=True)
+        procs = [
+            subprocess.Popen(
+                [*cmd, "--tree", str(root)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+            )
+            for _ in range(2)
+        ]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        codes = [p.returncode for p in procs]
+        assert codes == [0, 0], f"round {n}: {codes}\n" + "\n---\n".join(outs)
+        assert not any("refused" in o or "could not" in o for o in outs), outs
+        assert sum("nothing to do" in o for o in outs) == 1, outs
+        for inside in FILES:
+            path = root / "vllm" / inside
+            assert path.read_bytes() == expected[inside]
+            assert files.sidecar(path).read_bytes() == data[inside]
+        leftovers = {p.name for p in (root / "vllm").iterdir()} - {"v1", "__init__.py"}
+        assert leftovers == set(), leftovers  # no lock file, no temporary file

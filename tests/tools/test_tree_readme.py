@@ -138,4 +138,4 @@ def test_wheel_snippet_patches_the_installed_vllm_and_checks_it(tmp_path):
     assert "ROCM_AITER_UNIFIED_ATTN: PASS" in proc.stdout
     assert "guard: VLLM_CAPTURE_GUARD=off" in proc.stdout
     markers = [MARKER_RE.findall(data) for data in snapshot(overlay).values()]
-    assert markers == [[b"51585"], [b"53821", b"53821"]]
+    assert markers == [[b"51585"], [b"53821", b"53821"]] + [[b"53818"] * 2] * 3

@@ -165,13 +165,19 @@ class Patch:
 
 
 def _patches() -> tuple[Patch, ...]:
+    from vllm_capture_guard.runtime.patches import graph_capture_stream as stream
     from vllm_capture_guard.runtime.patches import (
         rocm_aiter_unified_builder as aiter,
     )
     from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as rocm
 
-    # In this order: the AITER backport derives from the builder the first guards.
-    return (rocm.RocmAttnCpuOffsets(), aiter.RocmAiterUnifiedBuilder())
+    # In this order: the AITER backport derives from the builder the first
+    # guards; the capture stream is independent of both.
+    return (
+        rocm.RocmAttnCpuOffsets(),
+        aiter.RocmAiterUnifiedBuilder(),
+        stream.GraphCaptureStream(),
+    )
 
 
 PATCHES: tuple[Patch, ...] = _patches()

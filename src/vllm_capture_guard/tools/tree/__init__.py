@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The in-tree form: the same two backports, written into a vLLM tree.
+"""The in-tree form: the same backports, written into a vLLM tree.
 
 For image builders who would rather ship a patched vLLM than load a plugin:
 ``vllm-capture-guard patch --check | --diff | --apply | --revert [--tree PATH]``
@@ -12,7 +12,10 @@ does:
   device ``query_start_loc`` (the #25985 guard);
 * :mod:`.aiter_builder` (vLLM PR #53821): ``RocmAiterUnifiedAttentionBackend``
   gets its own ``RocmAiterUnifiedAttentionMetadataBuilder``, whose capture sets
-  ``seq_lens`` to 1 and leaves ``query_start_loc`` alone.
+  ``seq_lens`` to 1 and leaves ``query_start_loc`` alone;
+* :mod:`.capture_stream` (vLLM PR #53818): the three ``torch.cuda.graph(...)``
+  calls of Model Runner V2's, the encoder's and Gemma4's capture pass
+  ``stream=current_stream()``.
 
 Each change carries a one-line marker comment,
 ``# vllm-capture-guard: backport of vllm PR #N``, which ``--check`` and
@@ -26,12 +29,14 @@ byte of the file, comments and formatting included, stays exactly as it was,
 which is all libcst's round-tripping would add. What we insert is our own code.
 The result is compiled and recognised again before anything is written.
 
-Found by structure, not by stored text, and strict: a file whose capture
-writes the offsets in a way we do not recognise is refused (``--check`` exits
-2, the message names what was not found) and nothing is written.
+Found by structure, not by stored text, and strict: a file whose capture we
+do not recognise, or that the tree holds only as bytecode, is refused
+(``--check`` exits 2, the message names what was not found) and nothing is
+written.
 
 Modules: :mod:`.locate` (which tree), :mod:`.source` (a file, its ``ast``,
-line edits, markers), :mod:`.cpu_offsets` and :mod:`.aiter_builder` (one fix
-each), :mod:`.plan` (both fixes over a tree), :mod:`.files` (all-or-nothing
-atomic writes, originals, bytecode), :mod:`.command` (the subcommand).
+line edits, markers), :mod:`.cpu_offsets`, :mod:`.aiter_builder` and
+:mod:`.capture_stream` (one fix each), :mod:`.plan` (every fix over a tree),
+:mod:`.files` (all-or-nothing atomic writes, originals, bytecode, the lock),
+:mod:`.command` (the subcommand).
 """

@@ -22,10 +22,12 @@ from vllm_capture_guard.tools.tree.files import (
     Change,
     WriteError,
     commit,
+    find_stale_bytecode,
     preflight,
     recompile,
-    remove_stale_bytecode,
+    remove_bytecode,
     sidecar,
+    tree_lock,
 )
 from vllm_capture_guard.tools.tree.locate import Tree, TreeError, find_tree
 from vllm_capture_guard.tools.tree.plan import (
@@ -37,7 +39,7 @@ from vllm_capture_guard.tools.tree.plan import (
 )
 
 HELP = """\
-The in-tree form: write the two backports into a vLLM tree (for image builders).
+The in-tree form: write the backports into a vLLM tree (for image builders).
 
 Exit codes:
   --check                      0 nothing to do (fixed upstream, or the tree
@@ -59,7 +61,7 @@ class Refused(Exception):
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "patch",
-        help="the in-tree form: write the two backports into a vLLM tree, for "
+        help="the in-tree form: write the backports into a vLLM tree, for "
         "image builders (exit 0 done or nothing to do, 1 --check: needs the fix, "
         "2 not recognised)",
         description=HELP,
@@ -128,10 +130,11 @@ def _write(tree: Tree, changes: list[Change], sources: list[str]) -> list[str]:
     ``sources`` (files inside the package). Returns notes for the user."""
     paths = [tree.path(inside) for inside in sources]
     preflight(changes, paths)
-    removed = {p: remove_stale_bytecode(p) for p in paths}
-    commit(changes)
+    stale = {p: find_stale_bytecode(p) for p in paths}
+    commit(changes)  # all or nothing: a refusal has removed no bytecode yet
     notes = []
-    for path, gone in removed.items():
+    for path, found in stale.items():
+        gone = remove_bytecode(found)
         if gone:
             again = recompile(path, gone)
             notes.append(
@@ -230,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.buffer.write(diff_bytes(plan))
             sys.stdout.flush()
             return 0
-        return apply(tree) if mode == "apply" else revert(tree)
+        with tree_lock(tree.package):  # concurrent runs, one after the other
+            return apply(tree) if mode == "apply" else revert(tree)
     except (TreeError, Refused, WriteError) as e:
         print(f"{PROG}: refused: {e}", file=out)
         return 2
@@ -247,17 +251,20 @@ def verdict(tree: Tree | None = None) -> dict[str, Any]:
     except TreeError as e:
         return {"verdict": "refused", "fixes": {}, "detail": str(e)}
     word = ("nothing to do", "applies", "refused")[plan.check_code]
+    fixes: dict[str, list[model.State]] = {}
+    for f in plan.findings:
+        fixes.setdefault(f.fix, []).append(f.state)
     return {
         "verdict": word,
-        "fixes": {f.fix: f.state for f in plan.findings},
+        "fixes": {fix: model.combined(states) for fix, states in fixes.items()},
         "detail": plan.refused[0].detail if plan.refused else "",
     }
 
 
-def status_line() -> str:
+def status_line(tree: Tree | None = None) -> str:
     """One line for ``vllm-capture-guard status``, from the marker scan."""
     try:
-        plan = make_plan(find_tree())
+        plan = make_plan(tree or find_tree())
     except TreeError as e:
         return f"not checked ({e})"
     states = {f.state for f in plan.findings}

@@ -15,21 +15,27 @@ bytecode removed.
   comment, anything), and ``--revert`` first checks that the file is still
   what ``--apply`` makes of that original, so it never overwrites a later
   change. A tree patched with ``--diff`` has no sidecar: reverse that diff.
-* ``__pycache__/<name>.*.pyc`` of a changed source is removed. An image
+* ``__pycache__/<name>.*.pyc`` of a changed source is removed, once the
+  sources are written (a refusal or a failed write removes nothing). An image
   compiled with hash-based bytecode (``compileall --invalidation-mode
   unchecked-hash``) would otherwise keep running the old code, since Python
   never compares such a file with its source. A removed file for this
   interpreter is compiled again from the new source in the same mode.
+* Runs that write are serialised by :func:`tree_lock` (an image build may run
+  two at once): the second one reads the tree only after the first is done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import py_compile
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 #: The original bytes of a patched file are kept beside it, under this suffix.
@@ -173,8 +179,9 @@ class Bytecode:
     optimize: int | None  # None: another interpreter's file
 
 
-def remove_stale_bytecode(source: Path) -> list[Bytecode]:
-    removed = []
+def find_stale_bytecode(source: Path) -> list[Bytecode]:
+    """The bytecode of ``source`` that a change makes stale; reads only."""
+    found = []
     for pyc in stale_bytecode(source):
         parts = pyc.name.split(".")  # name, tag, [opt-N], pyc
         mode = None
@@ -189,9 +196,20 @@ def remove_stale_bytecode(source: Path) -> list[Bytecode]:
             optimize = 0
             if len(parts) == 4 and parts[2].startswith("opt-"):
                 optimize = int(parts[2][4:]) if parts[2][4:].isdigit() else None
-        pyc.unlink()
-        removed.append(Bytecode(pyc, mode, optimize))
-    return removed
+        found.append(Bytecode(pyc, mode, optimize))
+    return found
+
+
+def remove_bytecode(stale: list[Bytecode]) -> list[Bytecode]:
+    """Remove ``stale`` (after the sources were written: a refusal removes
+    nothing); a file already gone is no error."""
+    for old in stale:
+        old.path.unlink(missing_ok=True)
+    return stale
+
+
+def remove_stale_bytecode(source: Path) -> list[Bytecode]:
+    return remove_bytecode(find_stale_bytecode(source))
 
 
 def recompile(source: Path, removed: list[Bytecode]) -> list[str]:
@@ -213,3 +231,50 @@ def recompile(source: Path, removed: list[Bytecode]) -> list[str]:
             continue  # Python compiles it on import instead
         written.append(f"{old.path.name} ({old.mode.name.lower().replace('_', '-')})")
     return written
+
+
+#: The lock file that serialises ``--apply`` and ``--revert`` on one tree; it
+#: lives in the vllm package folder while a run holds it.
+LOCK = ".capture-guard.lock"
+
+
+@contextlib.contextmanager
+def tree_lock(package: Path) -> Iterator[None]:
+    """Hold the tree's lock (``fcntl.flock`` on :data:`LOCK` in ``package``).
+
+    The file is removed only by the run that created it, while it still holds
+    the lock; a run that got the lock on a file removed meanwhile tries again,
+    so two runs never hold locks on two different files. A lock file that was
+    there before (left by a killed run) is used and left in place."""
+    path = package / LOCK
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            created = True
+        except FileExistsError:
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
+                continue  # removed between the two opens
+            created = False
+        except OSError as e:
+            raise WriteError(
+                f"cannot create the lock file {path} ({e.strerror}); nothing was "
+                f"written"
+            ) from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # its creator removed it before we got it
+                continue
+            try:
+                yield
+            finally:
+                if created:
+                    path.unlink(missing_ok=True)
+            return
+        finally:
+            os.close(fd)  # releases the lock

@@ -44,3 +44,12 @@ class Finding:
 
     def __str__(self) -> str:
         return f"{self.fix} (PR {self.pr}), {self.rel}: {self.state}: {self.detail}"
+
+
+def combined(states: list[State]) -> State:
+    """One state for a fix that spans several files: the first of refused,
+    needed, applied, upstream, absent that any of its files is in."""
+    for state in (UNRECOGNISED, NEEDED, APPLIED, UPSTREAM):
+        if state in states:
+            return state
+    return ABSENT

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Both fixes over one tree: what each file needs, and the bytes it would get.
+"""Every fix over one tree: what each file needs, and the bytes it would get.
 
 :func:`inspect_bytes` is pure (file contents in, findings out), so the same
 code judges the tree, checks our own result before anything is written (the
@@ -13,7 +13,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_capture_guard.tools.tree import aiter_builder, cpu_offsets, model
+from vllm_capture_guard.tools.tree import (
+    aiter_builder,
+    capture_stream,
+    cpu_offsets,
+    model,
+)
 from vllm_capture_guard.tools.tree.locate import Tree
 from vllm_capture_guard.tools.tree.source import Source, Unrecognised
 
@@ -21,25 +26,62 @@ from vllm_capture_guard.tools.tree.source import Source, Unrecognised
 FIXES = (
     (cpu_offsets.FIX, cpu_offsets.PR, cpu_offsets.FILE),
     (aiter_builder.FIX, aiter_builder.PR, aiter_builder.FILE),
+    *((capture_stream.FIX, capture_stream.PR, f) for f in capture_stream.FILES),
 )
 FILES = tuple(inside for _, _, inside in FIXES)
 
 
-def read_tree(tree: Tree) -> dict[str, bytes | None]:
-    """The target files' bytes (None where a file does not exist)."""
-    out: dict[str, bytes | None] = {}
+@dataclasses.dataclass(frozen=True)
+class Sourceless:
+    """A target module that the tree holds only as bytecode: Python may run it
+    (a ``<name>.pyc`` beside the missing source), but its code can be neither
+    read nor patched, so it is refused, never taken as absent."""
+
+    found: tuple[str, ...]  # the bytecode files, relative to the tree's root
+
+    def detail(self, rel: str) -> str:
+        return (
+            f"{rel} is missing but its bytecode is present ({', '.join(self.found)}):"
+            f" a module shipped as bytecode only cannot be read or patched; ship "
+            f"its source, or remove the bytecode if the module is really gone"
+        )
+
+
+Data = dict[str, "bytes | Sourceless | None"]
+
+
+def sourceless(tree: Tree, inside: str) -> Sourceless | None:
+    """The bytecode of ``inside`` when its source is missing: a sourceless
+    ``<name>.pyc`` beside it, or ``__pycache__/<name>.*.pyc``."""
+    path = tree.path(inside)
+    stem = path.name.removesuffix(".py")
+    found = [path.with_name(stem + ".pyc")]
+    cache = path.parent / "__pycache__"
+    if cache.is_dir():
+        found += sorted(cache.glob(f"{stem}.*.pyc"))
+    rels = tuple(p.relative_to(tree.root).as_posix() for p in found if p.exists())
+    return Sourceless(rels) if rels else None
+
+
+def read_tree(tree: Tree) -> Data:
+    """The target files' bytes: None where a file does not exist at all,
+    :class:`Sourceless` where only its bytecode does."""
+    out: Data = {}
     for inside in FILES:
         path = tree.path(inside)
-        out[inside] = path.read_bytes() if path.is_file() else None
+        out[inside] = path.read_bytes() if path.is_file() else sourceless(tree, inside)
     return out
 
 
-def inspect_bytes(tree: Tree, data: dict[str, bytes | None]) -> list[model.Finding]:
+def inspect_bytes(tree: Tree, data: Data) -> list[model.Finding]:
     sources: dict[str, Source | None] = {}
     broken: dict[str, str] = {}
     for inside, raw in data.items():
         if raw is None:
             sources[inside] = None
+            continue
+        if isinstance(raw, Sourceless):
+            broken[inside] = raw.detail(tree.rel(inside))
             continue
         try:
             sources[inside] = Source.parse(tree.path(inside), tree.rel(inside), raw)
@@ -60,7 +102,16 @@ def inspect_bytes(tree: Tree, data: dict[str, bytes | None]) -> list[model.Findi
         b = unrecognised(aiter_builder, b_rel)
     else:
         b = aiter_builder.inspect(sources[aiter_builder.FILE], b_rel, capture)
-    return [a, b]
+    found = [a, b]
+    for inside, cls, method in capture_stream.SITES:  # independent of the above
+        rel = tree.rel(inside)
+        if inside in broken:
+            why = broken[inside]
+            found.append(model.Finding(capture_stream.FIX, capture_stream.PR, rel,
+                                       model.UNRECOGNISED, why))  # fmt: skip
+        else:
+            found.append(capture_stream.inspect(sources[inside], rel, cls, method))
+    return found
 
 
 def _inside(tree: Tree, finding: model.Finding) -> str:
@@ -68,7 +119,7 @@ def _inside(tree: Tree, finding: model.Finding) -> str:
 
 
 def patched_bytes(
-    tree: Tree, data: dict[str, bytes | None], findings: list[model.Finding]
+    tree: Tree, data: Data, findings: list[model.Finding]
 ) -> dict[str, bytes]:
     """The new bytes of every file that a finding says needs the fix."""
     out: dict[str, bytes] = {}
@@ -77,7 +128,7 @@ def patched_bytes(
             continue
         inside = _inside(tree, f)
         raw = data[inside]
-        assert raw is not None
+        assert isinstance(raw, bytes)
         src = Source.parse(tree.path(inside), f.rel, raw)
         out[inside] = src.edited(f.edits)
     return out
@@ -86,7 +137,7 @@ def patched_bytes(
 @dataclasses.dataclass
 class Plan:
     tree: Tree
-    data: dict[str, bytes | None]
+    data: Data
     findings: list[model.Finding]
     new: dict[str, bytes]  # inside -> patched bytes, for files that need the fix
 
@@ -108,7 +159,7 @@ class SelfCheckFailed(Exception):
     """Our own result did not pass our own checks (a bug of this tool)."""
 
 
-def self_check(tree: Tree, data: dict[str, bytes | None], new: dict[str, bytes]):
+def self_check(tree: Tree, data: Data, new: dict[str, bytes]):
     for inside, raw in new.items():
         try:
             compile(raw, tree.rel(inside), "exec", dont_inherit=True)
@@ -120,7 +171,7 @@ def self_check(tree: Tree, data: dict[str, bytes | None], new: dict[str, bytes])
             raise SelfCheckFailed(f"after the edit: {f}")
 
 
-def make_plan(tree: Tree, data: dict[str, bytes | None] | None = None) -> Plan:
+def make_plan(tree: Tree, data: Data | None = None) -> Plan:
     """Inspect ``tree`` (or ``data`` standing for its files). A plan that
     refuses nothing holds checked bytes for every file that needs the fix."""
     data = read_tree(tree) if data is None else data

@@ -1,0 +1,172 @@
+# SPDX-License-Identifier: Apache-2.0
+"""In-tree backport of vLLM PR #53818: capture CUDA graphs on the current
+stream.
+
+Files (:data:`SITES`): ``vllm/v1/worker/gpu/cudagraph_utils.py``
+(``CudaGraphManager.capture``), ``vllm/v1/worker/encoder_cudagraph.py``
+(``EncoderCudaGraphManager._capture_budget_graph``) and
+``vllm/v1/spec_decode/gemma4.py``
+(``Gemma4Proposer._setup_centroids_cuda_graphs``). In 0.27.x/0.28.0 their
+``torch.cuda.graph(...)`` calls pass no stream, so torch captures on its own
+side stream. The edit does what upstream did: each such call gets
+``stream=current_stream()`` (vLLM's ``vllm.utils.torch_utils.current_stream``,
+imported at module level), each edited line and the import with a marker
+comment above it. The runtime patch
+(:mod:`vllm_capture_guard.runtime.patches.graph_capture_stream`) does the same
+while the functions run.
+
+Recognised, by structure (anything else is refused):
+
+* ``torch`` is ``import torch`` at module level, and the class has the method
+  as a plain ``def`` holding at least one ``torch.cuda.graph(...)`` call;
+* a call without a stream is on one line of its own, ends in ``)`` with no
+  trailing comma, and ``current_stream`` is bound nowhere in the module: the
+  fix applies;
+* every call passes a stream and there is no marker: upstream's fix;
+* or markers exactly above our import and above each call that passes
+  ``stream=current_stream()``, and no call without a stream: ours.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from vllm_capture_guard.tools.tree import model
+from vllm_capture_guard.tools.tree.source import (
+    PROJECT,
+    Edit,
+    Source,
+    Unrecognised,
+    binds,
+    marker,
+)
+
+FIX = "graph-capture-stream"
+PR = "#53818"
+#: (file inside the vllm package, class, method)
+SITES = (
+    ("v1/worker/gpu/cudagraph_utils.py", "CudaGraphManager", "capture"),
+    ("v1/worker/encoder_cudagraph.py", "EncoderCudaGraphManager",
+     "_capture_budget_graph"),
+    ("v1/spec_decode/gemma4.py", "Gemma4Proposer", "_setup_centroids_cuda_graphs"),
+)  # fmt: skip
+FILES = tuple(f for f, _, _ in SITES)
+NAME = "current_stream"
+IMPORT = f"from vllm.utils.torch_utils import {NAME}".encode()
+ARG = f"stream={NAME}()".encode()
+
+
+def _graph_calls(src: Source, fn: ast.FunctionDef) -> list[ast.Call]:
+    calls = [
+        n
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.cuda.graph"
+    ]
+    if not calls:
+        raise Unrecognised(f"{src.rel}:{fn.lineno}: no torch.cuda.graph(...) call")
+    return calls
+
+
+def _has_stream(call: ast.Call) -> bool:
+    return len(call.args) >= 3 or any(k.arg == "stream" for k in call.keywords)
+
+
+def _ours(call: ast.Call) -> bool:
+    return any(
+        k.arg == "stream" and ast.unparse(k.value) == f"{NAME}()" for k in call.keywords
+    )
+
+
+def _check_torch(src: Source) -> None:
+    plain = any(
+        isinstance(s, ast.Import) and any(a.name == "torch" and not a.asname
+                                          for a in s.names)
+        for s in src.module.body
+    )  # fmt: skip
+    if not plain:
+        raise Unrecognised(f"{src.rel}: no `import torch` at module level")
+
+
+def _import_line(src: Source) -> int:
+    """0-based line after the module's last top-level import."""
+    last = [s for s in src.module.body if isinstance(s, (ast.Import, ast.ImportFrom))]
+    if not last:
+        raise Unrecognised(f"{src.rel}: no import at module level")
+    return src.own_lines(last[-1])[1]
+
+
+def _with_stream(src: Source, call: ast.Call) -> bytes:
+    """The call's line with ``stream=current_stream()`` as its last argument."""
+    if call.lineno != call.end_lineno:
+        raise Unrecognised(f"{src.rel}:{call.lineno}: the call spans several lines")
+    line = src.lines[call.lineno - 1].rstrip(b"\r\n")
+    end = call.end_col_offset - 1
+    head = line[:end].rstrip()
+    if line[end : end + 1] != b")" or head.endswith(b","):
+        raise Unrecognised(f"{src.rel}:{call.lineno}: the call is not `f(...)`")
+    sep = b"" if head.endswith(b"(") else b", "
+    return line[:end] + sep + ARG + line[end:]
+
+
+def _indent(src: Source, lineno: int) -> bytes:
+    line = src.lines[lineno - 1]
+    return line[: len(line) - len(line.lstrip())]
+
+
+def inspect(src: Source | None, rel: str, cls: str, method: str) -> model.Finding:
+    """What this file needs; never raises."""
+
+    def finding(state: model.State, detail: str, edits: tuple[Edit, ...] = ()):
+        return model.Finding(FIX, PR, rel, state, detail, edits)
+
+    if src is None:
+        return finding(model.ABSENT, f"{rel} is not in this tree; nothing to fix")
+    try:
+        return _inspect(src, cls, method, finding)
+    except Unrecognised as e:
+        return finding(model.UNRECOGNISED, str(e))
+
+
+def _inspect(src: Source, cls: str, method: str, finding) -> model.Finding:
+    _check_torch(src)
+    fn = src.method(src.top_class(cls), method)
+    calls = _graph_calls(src, fn)
+    where = f"{cls}.{method}"
+    markers = src.all_markers()
+    bare = [c for c in calls if not _has_stream(c)]
+    if not markers:
+        if not bare:
+            return finding(model.UPSTREAM, f"{where} passes a stream")
+        used = binds(src.module, NAME)
+        if used:
+            raise Unrecognised(
+                f"{src.rel}:{getattr(used[0], 'lineno', '?')}: the name {NAME} "
+                f"is already used"
+            )
+        at = _import_line(src)
+        edits = [Edit(at, at, (marker(PR, "capture stream"), IMPORT))]
+        for call in sorted(bare, key=lambda c: c.lineno):
+            start = call.lineno - 1
+            note = _indent(src, call.lineno) + marker(PR)
+            edits.append(Edit(start, start + 1, (note, _with_stream(src, call))))
+        lines = ", ".join(str(c.lineno) for c in bare)
+        return finding(
+            model.NEEDED,
+            f"{where} calls torch.cuda.graph without a stream (line {lines})",
+            tuple(edits),
+        )
+    imports = [
+        s
+        for s in src.module.body
+        if isinstance(s, ast.ImportFrom)
+        and s.module == "vllm.utils.torch_utils"
+        and [(a.name, a.asname) for a in s.names] == [(NAME, None)]
+    ]
+    expected = {(s.lineno - 1, PR) for s in imports}
+    expected |= {(c.lineno - 1, PR) for c in calls if _ours(c)}
+    if bare or len(imports) != 1 or set(markers) != expected or len(expected) < 2:
+        raise Unrecognised(
+            f"{src.rel}: {PROJECT} markers, but {where} or the import of {NAME} "
+            f"is not what this fix writes (edited since?)"
+        )
+    return finding(model.APPLIED, f"{where} passes stream={NAME}() (markers present)")

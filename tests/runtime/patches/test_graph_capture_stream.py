@@ -1,0 +1,153 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Capture on the current stream (PR #53818): vLLM's own three capture
+functions, driven on the CPU through their ``torch.cuda.graph`` call with a
+recording fake of it (``tests/capture_sites.py``). Whether a release is
+affected is decided by running its capture unguarded, never by the patch."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import capture_sites as cs
+from tests.conftest import guard_lines, run_snippet
+from vllm_capture_guard.runtime.patches import MARKER, Status, by_name
+from vllm_capture_guard.runtime.patches import graph_capture_stream as mod
+
+PATCH = by_name("graph-capture-stream")
+
+
+@pytest.fixture(scope="module")
+def unguarded() -> dict:
+    """What each site passes with no guard (this process never loads it)."""
+    cs.import_sites()
+    return {site: cs.summary(cs.record(site)) for site in cs.SITES}
+
+
+@pytest.fixture(scope="module")
+def affected(unguarded) -> bool:
+    return any(None in found["streams"] for found in unguarded.values())
+
+
+def _functions() -> dict:
+    return {f"{c}.{n}": vars(getattr(__import__(m, fromlist=[c]), c))[n]
+            for m, c, n in mod.SITES}  # fmt: skip
+
+
+def test_unguarded_release_as_detected(unguarded, affected):
+    """Each site passes the current stream (fixed) or none at all (the bug);
+    the patch's reading of the source says the same."""
+    for site, found in unguarded.items():
+        assert set(found["streams"]) in ({"current"}, {None}), (site, found)
+    assert PATCH.inspect().status is (Status.NEEDED if affected else Status.NOT_NEEDED)
+
+
+@pytest.mark.parametrize("site", cs.SITES)
+def test_guarded_capture_is_on_the_current_stream(site, unguarded, unpatched):
+    outcome = PATCH.apply()
+    assert outcome.status in (Status.PATCHED, Status.NOT_NEEDED), outcome
+    found = cs.summary(cs.record(site))
+    assert found["streams"] and set(found["streams"]) == {"current"}, found
+    # code called from inside the capture, and another thread meanwhile, see
+    # torch's own torch.cuda.graph; decorators still apply (inference mode)
+    assert found["others_see_torch_graph"], found
+    assert found["inference_mode"] == unguarded[site]["inference_mode"]
+
+
+def test_nothing_changes_on_a_fixed_release(affected, unpatched):
+    if affected:
+        pytest.skip("this vLLM's capture passes no stream")
+    before = _functions()
+    assert PATCH.apply().status is Status.NOT_NEEDED
+    after = _functions()
+    assert all(after[k] is v for k, v in before.items())
+
+
+def test_apply_is_idempotent_and_revert_restores(affected, unpatched):
+    if not affected:
+        pytest.skip("nothing to patch on this vLLM")
+    before = _functions()
+    assert PATCH.apply().status is Status.PATCHED
+    patched = _functions()
+    assert all(getattr(f, MARKER) is before[k] for k, f in patched.items())
+    assert PATCH.apply().status is Status.ALREADY
+    assert _functions() == patched
+    assert PATCH.revert()
+    assert all(f is before[k] for k, f in _functions().items())
+
+
+def test_a_given_stream_is_kept():
+    recorder = cs.Recorder()
+    other = cs.Stream("other")
+    with cs.cpu_capture(recorder):
+        mod.graph("g", stream=other)
+        mod.graph("g", None, other)
+        mod.graph("g", "pool")
+        mod.graph("g", pool="pool", stream=None)
+    assert recorder.streams == [other, other, cs.STREAM, cs.STREAM]
+
+
+def test_unreadable_source_is_guarded_with_a_warning(unguarded, unpatched, monkeypatch):
+    def unreadable(fn):
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(mod.inspect, "getsource", unreadable)
+    outcome = PATCH.apply()
+    assert outcome.status is Status.PATCHED
+    assert "cannot read CudaGraphManager.capture" in outcome.warning
+    found = cs.summary(cs.record("capture"))
+    assert set(found["streams"]) == {"current"}
+
+
+SNIPPET = """
+import json, os, sys
+from tests import capture_sites as cs
+from vllm_capture_guard.runtime.patches import MARKER
+from vllm_capture_guard.runtime.patches import graph_capture_stream as mod
+def functions():
+    return [vars(getattr(sys.modules[m], c))[n] for m, c, n in mod.SITES]
+import vllm.plugins
+first = os.environ["ORDER"] == "vllm-first"
+if first:  # the modules are there when the plugin loads: hooks run at once
+    cs.import_sites()
+    before = functions()
+    vllm.plugins.load_general_plugins()
+    same = [a is b for a, b in zip(before, functions())]
+else:  # the plugin loads first, as in a worker: hooks at import
+    vllm.plugins.load_general_plugins()
+    cs.import_sites()
+    same = [not hasattr(f, MARKER) for f in functions()]
+found = {site: cs.summary(cs.record(site)) for site in cs.SITES}
+print(json.dumps({"same": same, "found": found}))
+"""
+
+
+@pytest.mark.parametrize("order", ["vllm-first", "plugin-first"])
+def test_loaded_by_vllm_plugin_loader(order, affected):
+    out, logs = run_snippet(SNIPPET, VLLM_CAPTURE_GUARD="on", ORDER=order)
+    for site, found in out["found"].items():
+        assert set(found["streams"]) == {"current"}, (site, found)
+    lines = [line for line in guard_lines(logs) if PATCH.name in line]
+    assert lines, logs[-3000:]
+    if affected:
+        assert out["same"] == [False] * 3
+        text = " ".join(lines)
+        assert "patched" in text and "WARNING" not in text
+        for name in ("capture", "_capture_budget_graph", "_setup_centroids"):
+            assert f".{name}" in text, text
+    else:
+        assert out["same"] == [True] * 3
+        assert "not needed" in lines[0]
+
+
+def test_switched_off_by_name(affected):
+    out, logs = run_snippet(
+        SNIPPET,
+        VLLM_CAPTURE_GUARD="on",
+        VLLM_CAPTURE_GUARD_DISABLE=PATCH.name,
+        ORDER="vllm-first",
+    )
+    assert out["same"] == [True] * 3
+    lines = [line for line in guard_lines(logs) if PATCH.name in line]
+    assert lines and "disabled" in lines[0], logs[-3000:]
+    if affected:
+        assert all(None in f["streams"] for f in out["found"].values()), out
