@@ -244,3 +244,42 @@ def test_check_is_one_line_when_minimax_m3_cannot_be_set_up(tmp_path):
         "vllm-capture-guard check could not run: could not set up MiniMax-M3"
     )
     assert "supported: vLLM 0.27.0 to 0.28.0" in line
+
+
+# --- check runs what the runner runs ---------------------------------------------
+
+
+def test_sizes_run_one_builder_per_group_in_the_runners_order():
+    """At every size, largest first: each group's builder in turn (attention,
+    then the indexer), the same two instances throughout, each on a copy of
+    one shared metadata whose tensors are the same persistent buffers."""
+    from vllm_capture_guard.tools import harness
+    from vllm_capture_guard.tools.harness import sizes
+
+    config = harness.make_vllm_config(0, graphs=True)
+    batches = sizes.capture_batches(config)
+    builders = [
+        ("attention", harness.attention_builder("TRITON_ATTN", config)),
+        ("indexer", harness.indexer_builder(config)),
+    ]
+    calls = []
+    for group, builder in builders:
+        real = builder.build_for_cudagraph_capture
+
+        def seen(cm, group=group, builder=builder, real=real):
+            storage = cm.query_start_loc_cpu.untyped_storage().data_ptr()
+            calls.append((group, id(builder), cm.num_reqs, storage))
+            return real(cm)
+
+        builder.build_for_cudagraph_capture = seen
+    done = sizes.run_sizes(builders, batches)
+    assert all(r.failed is None for r in done.runs)
+    reqs = [b.num_reqs for b in batches]
+    assert reqs == sorted(reqs, reverse=True) and reqs[0] == 512
+    assert [(g, n) for g, _, n, _ in calls] == [
+        (g, n) for n in reqs for g in ("attention", "indexer")
+    ]
+    assert {g: {i for gg, i, _, _ in calls if gg == g} for g, _ in builders} == {
+        g: {id(b)} for g, b in builders
+    }
+    assert len({s for *_, s in calls}) == 1  # one set of runner buffers
