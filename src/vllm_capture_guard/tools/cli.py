@@ -10,7 +10,9 @@ module (:mod:`.status`, :mod:`.check`, :mod:`.audit.command`,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import os
 import sys
 import warnings
@@ -152,7 +154,13 @@ def quiet_vllm(verbose: bool) -> None:
     them. A ``VLLM_LOGGING_LEVEL`` or ``VLLM_LOGGING_STREAM`` the caller set
     wins."""
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "CRITICAL")
+    default = "INFO" if verbose else "CRITICAL"
+    level = os.environ.setdefault("VLLM_LOGGING_LEVEL", default)
+    # Releases that configure vLLM's logging lazily (0.33: in the launcher)
+    # leave the "vllm" logger bare, and Python's last-resort handler would
+    # print its warnings; give it the same level.
+    with contextlib.suppress(ValueError, TypeError):
+        logging.getLogger("vllm").setLevel(level.upper())
     if not verbose:
         os.environ.setdefault("TORCH_LOGS", "-all")  # torch's deprecation lines
         warnings.filterwarnings("ignore")
