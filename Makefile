@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # `make check` and `make test` do all the set-up they need on a fresh machine.
 VLLM_VERSION ?= 0.28.0
+# The release the venv itself holds (requirements/cpu.txt is pinned for it);
+# VLLM_VERSION only picks the release that check and test run on.
+VENV_VLLM ?= 0.28.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
@@ -10,16 +13,23 @@ export HF_HUB_OFFLINE := 1
 env: $(VENV)/.ready
 
 $(VENV)/.ready: requirements/cpu.txt pyproject.toml scripts/make-env.sh
-	scripts/make-env.sh $(VENV) $(VLLM_VERSION)
+	scripts/make-env.sh $(VENV) $(VENV_VLLM)
+
+# VLLM_VERSION picks the release that check and test run on. The venv holds
+# VENV_VLLM (its .ready stamp says which); another release is put in front of
+# it from $(ENVS)/vllm-X, built on first use, as the version matrix does
+# (scripts/with-vllm.sh). Each command says which release it ran.
+WITH_VLLM = scripts/with-vllm.sh $(PY) $(CAPTURE_GUARD_ENVS) $(VLLM_VERSION)
 
 # The main job on the embedded default: the MiniMax-M3 capture scenario against
 # vLLM $(VLLM_VERSION) on the CPU, through vLLM's own plugin loader.
 check: env
-	$(VENV)/bin/vllm-capture-guard status
-	$(VENV)/bin/vllm-capture-guard check
+	$(WITH_VLLM) $(VENV)/bin/vllm-capture-guard status
+	$(WITH_VLLM) $(VENV)/bin/vllm-capture-guard check
+	@echo "make check: checked vLLM $(VLLM_VERSION)"
 
 status: env
-	$(VENV)/bin/vllm-capture-guard status
+	$(WITH_VLLM) $(VENV)/bin/vllm-capture-guard status
 
 # The installable artifacts: dist/vllm_capture_guard-<version>-py3-none-any.whl
 # and the sdist. No dependencies: install the wheel into the vLLM environment,
@@ -36,19 +46,27 @@ lint: env
 # put first on PYTHONPATH by the scripts (scripts/make-envs.sh).
 ENVS ?= .envs
 ALL_VERSIONS := 0.27.1 0.28.0 0.29.0 0.33.0
-OTHER_VERSIONS := $(filter-out $(VLLM_VERSION),$(ALL_VERSIONS))
 export CAPTURE_GUARD_ENVS := $(abspath $(ENVS))
 
-envs: $(ENVS)/.ready
+# `make test`: every release, and the README's version table must be what the
+# run found. `VLLM_VERSION=X make test`: the suite on release X only (no table).
+ifeq ($(origin VLLM_VERSION),file)
+TEST_VERSIONS := $(ALL_VERSIONS)
+MATRIX_MODE := --check
+else
+TEST_VERSIONS := $(VLLM_VERSION)
+MATRIX_MODE :=
+endif
 
-$(ENVS)/.ready: $(VENV)/.ready scripts/make-envs.sh $(wildcard requirements/vllm-*.txt)
-	scripts/make-envs.sh $(PY) $(ENVS) $(OTHER_VERSIONS)
-	touch $@
+# Every release the matrix or VLLM_VERSION names, except the venv's own (each
+# folder has its own .ready stamp, so this is quick once built).
+envs: env
+	scripts/make-envs.sh $(PY) $(ENVS) $(sort $(ALL_VERSIONS) $(VLLM_VERSION))
 
-# The test suite on every release (the oracle tests once, in the venv), and
-# the README's version table must be what this run found.
+# The test suite on each release (the oracle tests once, in the venv).
 test: lint envs
-	$(PY) scripts/version_matrix.py --check --versions $(ALL_VERSIONS)
+	$(PY) scripts/version_matrix.py $(MATRIX_MODE) --versions $(TEST_VERSIONS)
+	@echo "make test: tested vLLM $(TEST_VERSIONS)"
 
 # Rewrite README's version table and docs/version-matrix.md from a real run.
 matrix: lint envs

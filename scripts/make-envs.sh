@@ -5,6 +5,8 @@
 # requirements/vllm-X.txt, if a release ever imports more than the base venv
 # holds). Put first on PYTHONPATH, a target wins over the venv's own vLLM, and
 # importlib.metadata reports its version. The base venv supplies torch etc.
+# A release the venv itself holds is skipped. uv is used when it is on PATH
+# (CAPTURE_GUARD_NO_UV=1 forces pip).
 #   scripts/make-envs.sh PYTHON ENVS_DIR VERSION...
 set -euo pipefail
 python=${1:?usage: make-envs.sh PYTHON ENVS_DIR VERSION...}
@@ -12,8 +14,20 @@ envs=${2:?usage: make-envs.sh PYTHON ENVS_DIR VERSION...}
 shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$envs"
+own=$(PYTHONPATH= "$python" -c \
+    "from importlib.metadata import version; print(version('vllm'))")
+if [ -z "${CAPTURE_GUARD_NO_UV:-}" ] && command -v uv >/dev/null 2>&1; then
+    pip=(uv pip install --quiet --python "$python" --no-deps --no-compile)
+else
+    pip=("$python" -m pip install --quiet --disable-pip-version-check --no-deps
+        --no-compile)
+fi
 for version in "$@"; do
     target="$envs/vllm-$version"
+    if [ "$version" = "$own" ]; then
+        echo "ready: vllm $version is the venv's own"
+        continue
+    fi
     if [ -f "$target/.ready" ]; then
         echo "ready: $target"
         continue
@@ -23,8 +37,7 @@ for version in "$@"; do
     pkgs=("vllm==$version")
     extra="$root/requirements/vllm-$version.txt"
     [ -f "$extra" ] && pkgs+=(-r "$extra")
-    "$python" -m pip install --quiet --disable-pip-version-check --no-deps \
-        --no-compile --target "$target" "${pkgs[@]}"
+    "${pip[@]}" --target "$target" "${pkgs[@]}"
     got=$(PYTHONPATH="$target" "$python" -c \
         "from importlib.metadata import version; print(version('vllm'))")
     if [ "$got" != "$version" ]; then

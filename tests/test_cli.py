@@ -12,7 +12,8 @@ def test_status_reports_version_platform_affected_and_activity(vllm_version):
     assert f"vLLM:        {vllm_version}" in out
     assert "platform:" in out and "affected:" in out
     # on this CPU host, auto mode does not act
-    assert "inactive here: VLLM_CAPTURE_GUARD=auto acts on ROCm only" in out
+    assert "VLLM_CAPTURE_GUARD=auto; does not act on this host" in out
+    assert "auto acts on ROCm only" in out
 
 
 def _startup_fails_unguarded() -> bool:

@@ -141,7 +141,8 @@ def _assert_could_not_run(proc, command: str, reason: str) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "Traceback" not in out, out
-    lines = proc.stdout.strip().splitlines()
+    assert proc.stdout == "", out  # errors go to stderr
+    lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, out
     assert lines[0].startswith(f"vllm-capture-guard {command} could not run: "), out
     assert reason in lines[0], out

@@ -25,6 +25,7 @@ the CPU offsets alone (0.29.0 and later) they skip, with the reason.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -106,9 +107,19 @@ def _assert_guard_did_not_wave_through(logs: str, guard: str | None) -> None:
         assert "not needed" not in line, line
 
 
+def _batch(label: str) -> sc.Batch:
+    """The batch a ``Batch.label()`` names (``reqs7/pad8xq1``)."""
+    reqs, pad, query_len = re.fullmatch(
+        r"reqs(\d+)(?:/pad(\d+))?xq(\d+)", label
+    ).groups()
+    padded = int(pad) if pad else None
+    return sc.Batch(int(reqs), query_len=int(query_len), padded_reqs=padded)
+
+
 def _assert_like_029(run: dict) -> None:
     """One guarded capture sequence, as vLLM 0.29.0 runs it."""
-    (batch,) = [b for b in sc.DEFAULT_BATCHES if b.label() == run["batch"]]
+    batch = _batch(run["batch"])
+    assert batch.label() == run["batch"]
     label = f"{run['backend']} {batch.label()}"
     assert run["ok"], f"{label}: {run['error']} at {run['error_site']}"
     assert run["decode_query_len"] == batch.query_len, label
@@ -152,7 +163,9 @@ def test_variant_passes_with_guard(overlay, name):
     assert result["vllm"] == version("vllm")
     _assert_guard_did_not_wave_through(logs, result["guard"])
     assert not result["unavailable"], result["unavailable"]
-    assert len(result["runs"]) == len(sc.seed_backends()) * len(sc.DEFAULT_BATCHES)
+    # every capture size vLLM derives (512 down to 1), per backend
+    assert result["sizes"][0] == 512 and result["sizes"][-1] == 1
+    assert len(result["runs"]) == len(sc.seed_backends()) * len(result["sizes"])
     for run in result["runs"]:
         _assert_like_029(run)
     assert rc == 0 and result["ok"]

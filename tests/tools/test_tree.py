@@ -144,6 +144,7 @@ def test_apply_revert_round_trip(affected, capsys):
     for name in FILES:
         assert after[name + files.SIDECAR] == before[name]
         assert after[name] != before[name]
+        assert f"{name}{files.SIDECAR})" in out, out  # names the kept original
     # a second --apply changes nothing
     code, out, _ = patch(capsys, "--apply", "--tree", str(affected))
     assert code == 0 and "nothing to do" in out

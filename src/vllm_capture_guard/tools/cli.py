@@ -10,9 +10,12 @@ module (:mod:`.status`, :mod:`.check`, :mod:`.audit.command`,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import os
 import sys
+import warnings
 
 from vllm_capture_guard import __version__
 from vllm_capture_guard.tools.failure import could_not_run, one_line, vllm_problem
@@ -28,10 +31,15 @@ Exit codes:
      done or nothing to do
   1  check: startup would still fail; audit: a capture writes shared CPU
      metadata; patch --check: the tree needs the fix
-  2  could not run (vLLM not installed or not importable, or another error);
-     patch: the tree is not recognised, or the change was refused;
-     the reason is printed on one line, or as {"ok": false, "error": ...}
-     with --json
+  2  could not run (vLLM not installed or not importable, a release outside
+     the supported range, an unknown --backend, or another error); patch:
+     the tree is not recognised, or the change was refused; the reason is
+     printed on one line on stderr, or as {"ok": false, "error": ...} with
+     --json
+
+Every command of status, check and audit prints the same "guard:" line:
+loaded by vLLM's plugin loader or not (and why), the mode, and whether it
+acts on this host or, in check and audit, only simulates the ROCm path.
 """
 
 #: Per command: (one-line help with its exit codes, ``--help`` description).
@@ -46,16 +54,25 @@ COMMANDS = {
     "check": (
         "MiniMax-M3 capture on real vLLM builders (exit 0 pass, 1 fail, 2 error)",
         "Run the MiniMax-M3 full-graph capture sequence on this vLLM's own\n"
-        "metadata builders (CPU), with the guard loaded as vLLM loads it.\n\n"
+        "metadata builders (CPU), at every capture size vLLM derives for the\n"
+        "config (512 down to 1), one builder per KV-cache group, in the model\n"
+        "runner's order. The guard is loaded through vLLM's own plugin loader,\n"
+        "so VLLM_PLUGINS and VLLM_CAPTURE_GUARD apply as in `vllm serve`; on a\n"
+        "host that is not ROCm, auto counts as on and the ROCm path is\n"
+        "simulated (the guard line says so).\n\n"
         "Exit codes: 0 capture gets past every metadata builder; 1 startup\n"
-        "would still fail; 2 the check could not run (one-line reason).",
+        "would still fail; 2 the check could not run (one-line reason on\n"
+        "stderr; a vLLM without MiniMax-M3 is outside the supported range).",
     ),
     "audit": (
         "every backend's capture vs shared metadata (exit 0 clean, 1 hazard, 2 error)",
         "Every registered attention backend: does its full-graph capture write\n"
-        "shared metadata that later builders read?\n\n"
+        "shared metadata that later builders read? The guard is loaded as in\n"
+        "`check`. Writes a cache of vLLM's model inspection under\n"
+        "~/.cache/vllm-capture-guard (VLLM_CACHE_ROOT overrides it).\n\n"
         "Exit codes: 0 no capture writes shared CPU metadata; 1 one does;\n"
-        "2 the audit could not run (one-line reason).",
+        "2 the audit could not run, or a --backend name is unknown (one-line\n"
+        "reason on stderr, with the valid names).",
     ),
 }
 
@@ -87,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
     }
     for p in parsers.values():
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    for name in ("check", "audit"):
+        parsers[name].add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            help="also show vLLM's own log lines and Python warnings (on stderr)",
+        )
     parsers["audit"].add_argument(
         "--backend",
         action="append",
@@ -105,10 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_capture_guard.tools.tree import command as tree_command
 
         return tree_command.run(args)
-    # The verdict is ours to print; vLLM's INFO chatter would bury it.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    if args.json:  # keep stdout for the JSON: vLLM logs to stdout by default
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    quiet_vllm(getattr(args, "verbose", False))
     # audit points vLLM's cache elsewhere before vLLM is imported
     problem = vllm_problem(import_it=args.command != "audit")
     if problem:
@@ -120,6 +141,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "audit":
         return command.main(args.json, args.backend)
     return command.main(args.json)
+
+
+def quiet_vllm(verbose: bool) -> None:
+    """Keep vLLM's own log lines out of the result (before vLLM is imported).
+
+    stdout is the command's: vLLM logs to stdout by default, so its lines go
+    to stderr. Without ``-v`` none of vLLM's lines are shown (a failure is
+    the command's one-line reason), and Python
+    warnings and torch's own warning lines (deprecations) are silenced; the
+    guard's own warnings are part of the result, and the command prints
+    them. A ``VLLM_LOGGING_LEVEL`` or ``VLLM_LOGGING_STREAM`` the caller set
+    wins."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    default = "INFO" if verbose else "CRITICAL"
+    level = os.environ.setdefault("VLLM_LOGGING_LEVEL", default)
+    # Releases that configure vLLM's logging lazily (0.33: in the launcher)
+    # leave the "vllm" logger bare, and Python's last-resort handler would
+    # print its warnings; give it the same level.
+    with contextlib.suppress(ValueError, TypeError):
+        logging.getLogger("vllm").setLevel(level.upper())
+    if not verbose:
+        os.environ.setdefault("TORCH_LOGS", "-all")  # torch's deprecation lines
+        warnings.filterwarnings("ignore")
+        # inherited by the subprocess that inspects the model class
+        os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""How a command says it could not run: exit status 2 and one line (or one
-JSON object with ``--json``), never a traceback. Also: is vLLM usable here?"""
+"""How a command says it could not run: exit status 2 and one line on stderr
+(or one JSON object on stdout with ``--json``), never a traceback. Also: is
+vLLM usable here?"""
 
 from __future__ import annotations
 
@@ -38,9 +39,11 @@ def vllm_problem(import_it: bool = True) -> str | None:
 
 
 def could_not_run(command: str, reason: str, as_json: bool) -> int:
-    """Exit status 2 with one line (or one JSON object) saying why."""
+    """Exit status 2 with one line on stderr saying why (with ``--json``: one
+    JSON object on stdout, which is the result there)."""
+    reason = " ".join(reason.split())  # one line, whatever the error held
     if as_json:
         print(json.dumps({"ok": False, "command": command, "error": reason}))
     else:
-        print(f"{PREFIX} {command} could not run: {reason}")
+        print(f"{PREFIX} {command} could not run: {reason}", file=sys.stderr)
     return 2

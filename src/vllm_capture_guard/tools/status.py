@@ -1,50 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
 """``vllm-capture-guard status``: vLLM version, platform, affected?, is the
-guard active here? Reads the switches through
-:mod:`vllm_capture_guard.runtime.switch` only."""
+guard active here? The guard line is :func:`.guard.story`'s, the one that
+``check`` and ``audit`` print too."""
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from vllm_capture_guard import __version__
-from vllm_capture_guard.runtime import switch
-from vllm_capture_guard.runtime.plugin import PREFIX, platform_name, vllm_version
-
-
-def entry_point() -> Any:
-    """Our ``vllm.general_plugins`` entry point, or None if not installed."""
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=switch.ENTRY_POINT_GROUP):
-        if ep.name == switch.ENTRY_POINT_NAME:
-            return ep
-    return None
-
-
-def inactive_reasons(mode: switch.Mode, is_rocm: bool) -> list[str]:
-    """Why vLLM processes here would not run the guard (empty: they would)."""
-    reasons = []
-    name = switch.ENTRY_POINT_NAME
-    if entry_point() is None:
-        reasons.append(f"no '{name}' entry point in {switch.ENTRY_POINT_GROUP}")
-    if not switch.loaded_by_vllm():
-        reasons.append(f"{switch.PLUGINS_ENV} does not list '{name}'")
-    if mode is switch.Mode.OFF:
-        reasons.append(f"{switch.ENV}=off")
-    elif mode is switch.Mode.AUTO and not is_rocm:
-        reasons.append(f"{switch.ENV}=auto acts on ROCm only")
-    return reasons
+from vllm_capture_guard.runtime.plugin import PREFIX, vllm_version
+from vllm_capture_guard.tools.guard import story
 
 
 def facts() -> dict[str, Any]:
     """What ``status`` reports, as one JSON-able dict."""
     from vllm_capture_guard.runtime.patches import PATCHES, Status
+    from vllm_capture_guard.tools import support
     from vllm_capture_guard.tools.tree.command import status_line
 
-    mode, problem = switch.read_mode()
-    is_rocm, platform = platform_name()
+    told = story()
     patches = []
     for patch in PATCHES:
         try:
@@ -65,20 +41,24 @@ def facts() -> dict[str, Any]:
                 }
             )
     affected = {str(Status.NEEDED), str(Status.PATCHED), str(Status.ALREADY)}
-    reasons = inactive_reasons(mode, is_rocm)
+    unsupported = support.problem()
     return {
         "ok": True,
         "guard_version": __version__,
         "vllm": vllm_version(),
-        "platform": platform,
-        "rocm": is_rocm,
+        "supported": unsupported is None,
+        "unsupported_because": unsupported,
+        "platform": told.platform,
+        "rocm": told.rocm,
         "patches": patches,
         "affected": any(p["status"] in affected for p in patches),
         "in_tree_fix": status_line(),
-        "mode": mode.value,
-        "mode_warning": problem,
-        "active": not reasons,
-        "inactive_because": reasons,
+        "mode": told.mode,
+        "mode_warning": told.mode_problem,
+        "loaded": told.loaded,
+        "not_loaded_because": told.not_loaded_because,
+        "active": told.acts,
+        "guard": told.line(),
     }
 
 
@@ -102,14 +82,10 @@ def main(as_json: bool = False) -> int:
         else:
             print(f"  {p['name']}: {p['status']} ({p['detail']})")
     print(f"affected:    {'yes' if found['affected'] else 'no'}")
+    if found["unsupported_because"]:
+        print(f"supported:   no: {found['unsupported_because']}")
     print(f"in-tree fix: {found['in_tree_fix']}")
     if found["mode_warning"]:
-        print(f"warning:     {found['mode_warning']}")
-    print(f"{switch.ENV}: {found['mode']}")
-    if found["inactive_because"]:
-        print(f"guard:       inactive here: {'; '.join(found['inactive_because'])}")
-    elif found["affected"]:
-        print("guard:       active: vLLM processes here load it and patch capture")
-    else:
-        print("guard:       active, with nothing to do on this vLLM")
+        print(f"warning:     {found['mode_warning']}", file=sys.stderr)
+    print(found["guard"])
     return 0

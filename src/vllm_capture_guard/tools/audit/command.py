@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,6 +32,22 @@ def use_version_cache() -> str | None:
     return root
 
 
+def unknown_backends(names: Sequence[str]) -> str | None:
+    """Why some of ``names`` (``--backend``, matched without regard to case)
+    name no registered backend, with the valid names; None if all do."""
+    from vllm_capture_guard.tools.audit.registry import registered_backends
+
+    valid = sorted({e.name for e in registered_backends()})
+    known = {n.upper() for n in valid}
+    unknown = [n for n in names if n.upper() not in known]
+    if not unknown:
+        return None
+    return (
+        f"unknown --backend {', '.join(repr(n) for n in unknown)}; valid names: "
+        f"{', '.join(valid)}"
+    )
+
+
 def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
     """Every registered backend's capture, as this install's vLLM processes
     would run it: the guard is loaded through vLLM's plugin loader, following
@@ -48,11 +65,34 @@ def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
         from vllm_capture_guard.tools.harness import error_text
     except Exception as e:  # torch or numpy missing
         return could_not_run("audit", one_line(e), as_json)
-    try:
-        shown = load_plugins_as_worker()
-        from vllm_capture_guard.tools.audit.run import run_audit
+    from vllm_capture_guard.tools import support
 
-        result = run_audit(backends, guard_mode=shown)
+    outside = support.problem()
+    if outside:
+        return could_not_run("audit", outside, as_json)
+    try:
+        unknown = unknown_backends(backends or [])
+    except Exception as e:
+        return could_not_run("audit", error_text(e), as_json)
+    if unknown:
+        return could_not_run("audit", unknown, as_json)
+    try:
+        from vllm_capture_guard.tools.audit.run import run_audit
+        from vllm_capture_guard.tools.check import guard_warnings
+        from vllm_capture_guard.tools.guard import finish
+        from vllm_capture_guard.tools.harness import make_vllm_config
+
+        told = load_plugins_as_worker("audit")
+    except Exception as e:
+        return could_not_run("audit", error_text(e), as_json)
+    try:
+        make_vllm_config(0)
+    except Exception as e:
+        return could_not_run("audit", support.cannot_set_up(str(e)), as_json)
+    try:
+        result = run_audit(backends, guard_mode=told.mode)
+        result.guard_line = finish(told).line()
+        result.guard_warnings = guard_warnings()
     except Exception as e:
         return could_not_run("audit", error_text(e), as_json)
     if as_json:
@@ -64,5 +104,12 @@ def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
 
         print_report(result)
     if not result.built:
+        from vllm_capture_guard.runtime.plugin import PREFIX
+
+        print(
+            f"{PREFIX} audit could not run: none of the {result.registered} "
+            "backends asked for can be built on this machine (see skipped)",
+            file=sys.stderr,
+        )
         return 2
     return 1 if result.cpu_writers else 0

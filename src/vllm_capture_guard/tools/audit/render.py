@@ -33,8 +33,22 @@ def coverage_line(result: AuditResult) -> str:
 
 
 def guard_line(result: AuditResult) -> str:
+    """The guard line every command prints (``tools.guard.Story.line``)."""
+    if result.guard_line:
+        return result.guard_line
     guard = result.guard or "not loaded"
-    return f"{switch.ENV}={result.guard_mode}; guard: {guard}"
+    return f"guard: {switch.ENV}={result.guard_mode}; {guard}"
+
+
+def batches_line(result: AuditResult) -> str:
+    later = ", ".join(
+        s.name + (f" (unavailable: {s.problem})" if s.problem else "")
+        for s in result.later
+    )
+    text = f"capture batches: {', '.join(result.batches)}; later builders: {later}"
+    if result.speculative_note:
+        text += f"\n{result.speculative_note}"
+    return text
 
 
 def verdict_line(result: AuditResult) -> str:
@@ -86,9 +100,25 @@ def findings(result: AuditResult) -> list[str]:
     return lines
 
 
+def skipped_lines(skipped: list[BackendReport]) -> list[str]:
+    """One line per skipped name and reason: a name that two registries
+    share (``CUSTOM``) is shown once, with the registries it stands for."""
+    grouped: dict[tuple[str, str | None], list[str]] = {}
+    for b in skipped:
+        grouped.setdefault((b.name, b.reason), []).append(b.registry)
+    names = [name for name, _ in grouped]
+    out = []
+    for (name, reason), registries in grouped.items():
+        label = name
+        if len(registries) > 1 or names.count(name) > 1:
+            label += f" ({', '.join(registries)})"
+        out.append(f"  {label}: skipped ({reason})")
+    return out
+
+
 def _backend_line(b: BackendReport) -> str:
     if b.status is not Built.BUILT:
-        return f"  {b.name}: skipped ({b.reason})"
+        return skipped_lines([b])[0]
     builder = (b.builder_class or "?").rsplit(".", 1)[-1]
     seq = ", ".join(f"then {s.later}: {s.verdict}" for s in b.sequenced)
     raised = next((c.error for c in b.captures if c.error), None)
@@ -107,21 +137,19 @@ def _backend_line(b: BackendReport) -> str:
 
 
 def lines(result: AuditResult) -> list[str]:
-    later = ", ".join(
-        s.name + (f" (unavailable: {s.problem})" if s.problem else "")
-        for s in result.later
-    )
     out = [
         f"vllm-capture-guard audit of vLLM {result.vllm}",
         guard_line(result),
-        f"capture batches: {', '.join(result.batches)}; later builders: {later}",
+        *[f"guard warning: {w}" for w in result.guard_warnings],
+        *batches_line(result).splitlines(),
     ]
     built = [b for b in result.backends if b.status is Built.BUILT]
     skipped = [b for b in result.backends if b.status is not Built.BUILT]
     out += [_backend_line(b) for b in built]
     if skipped:
-        out.append(f"skipped: cannot be built on this machine ({len(skipped)})")
-        out += [_backend_line(b) for b in skipped]
+        shown = skipped_lines(skipped)
+        out.append(f"skipped: cannot be built on this machine ({len(shown)})")
+        out += shown
     found = findings(result)
     if found:
         out.append("findings:")

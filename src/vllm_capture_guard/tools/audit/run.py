@@ -226,7 +226,8 @@ def run_audit(
     spec_tokens = [b.speculative_tokens for b in batches]
     entries = registered_backends()
     if names:
-        entries = [e for e in entries if e.name in set(names)]
+        wanted = {n.upper() for n in names}
+        entries = [e for e in entries if e.name.upper() in wanted]
     built_later = [build_later(n, configs, spec_tokens) for n in later]
     alone: dict[tuple[str, str], LaterBuilt] = {}
     for other in built_later:
@@ -243,6 +244,15 @@ def run_audit(
         reports.append(audit_backend(entry, configs, built_later, alone, batches))
     t2 = time.perf_counter()
     guard = report()
+    spec = max(spec_tokens, default=0)
+    note = None
+    if spec:
+        with_spec = [b.label() for b in batches if b.speculative_tokens]
+        note = (
+            f"speculative decoding: on in the audit's config only for "
+            f"{', '.join(with_spec)} (n-gram proposer, {spec} draft token"
+            f"{'s' if spec > 1 else ''}), to capture a speculative verify batch"
+        )
     return AuditResult(
         vllm=vllm_version(),
         guard_mode=guard_mode,
@@ -260,4 +270,5 @@ def run_audit(
         },
         vllm_cache_root=os.environ.get("VLLM_CACHE_ROOT"),
         backends=reports,
+        speculative_note=note,
     )

@@ -136,6 +136,11 @@ class AuditResult:
     timings: dict[str, float]
     vllm_cache_root: str | None
     backends: list[BackendReport]
+    #: The guard line every command prints, and the guard's own warnings.
+    guard_line: str | None = None
+    guard_warnings: list[str] = dataclasses.field(default_factory=list)
+    #: Why the audit's config enables speculative decoding, if it does.
+    speculative_note: str | None = None
 
 
 def to_json(result: AuditResult) -> dict[str, Any]:

@@ -105,11 +105,18 @@ def _ensure_distributed(vllm_config: Any) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def make_vllm_config(num_speculative_tokens: int = 0, device: str = "cpu") -> Any:
+def make_vllm_config(
+    num_speculative_tokens: int = 0, device: str = "cpu", graphs: bool = False
+) -> Any:
     """A real ``VllmConfig`` for the tiny MiniMax-M3 (cached per process).
 
-    Speculative decoding uses the n-gram proposer: it needs no draft model and
-    sets ``num_speculative_tokens``, which is all the builders read."""
+    Speculative decoding is enabled only when ``num_speculative_tokens`` is
+    given (a speculative verify batch has a query length above 1). It uses
+    the n-gram proposer: it needs no draft model and sets
+    ``num_speculative_tokens``, which is all the builders read.
+
+    With ``graphs``, the config has full decode graphs and the capture sizes
+    vLLM derives for them, as on a GPU (:func:`.sizes.graph_config`)."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -135,6 +142,10 @@ def make_vllm_config(num_speculative_tokens: int = 0, device: str = "cpu") -> An
         device_config=DeviceConfig(device=device),
         speculative_config=speculative,
     )
+    if graphs:
+        from vllm_capture_guard.tools.harness.sizes import graph_config
+
+        graph_config(config)
     _ensure_distributed(config)
     return config
 

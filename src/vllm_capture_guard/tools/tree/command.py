@@ -158,7 +158,8 @@ def apply(tree: Tree) -> int:
         changes.append(Change(path, new))
     notes = _write(tree, changes, list(plan.new))
     for inside in plan.new:
-        print(f"patched {tree.rel(inside)} (original kept in {SIDECAR})")
+        kept = tree.rel(inside) + SIDECAR
+        print(f"patched {tree.rel(inside)} (original kept as {kept})")
     if notes:
         print("\n".join(notes))
     return 0
