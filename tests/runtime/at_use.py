@@ -17,7 +17,6 @@ overlay first on ``PYTHONPATH``; it prints one JSON line.
 from __future__ import annotations
 
 import ast
-import copy
 import importlib
 import json
 import sys
@@ -174,21 +173,6 @@ def derive(case: str, installed: Mapping[str, str] | None = None) -> dict[str, s
 # --- in the fresh interpreter -------------------------------------------------
 
 
-def capture_config():  # noqa: ANN201
-    """The harness's ``VllmConfig`` with the capture sizes vLLM derives for
-    ``max_num_seqs=512`` and full-graph capture (a CPU platform turns graphs
-    off, so they are asked of vLLM's own sizing)."""
-    from vllm.config import CUDAGraphMode
-
-    from vllm_capture_guard.tools import harness
-
-    config = copy.deepcopy(harness.make_vllm_config(0))
-    config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
-    config.scheduler_config.max_num_seqs = 512
-    config._set_cudagraph_sizes()
-    return config
-
-
 def enter_capture() -> None:
     """Call vLLM's own capture entry, V1's ``GPUModelRunner.capture_model``, on
     a runner whose graphs are off: vLLM returns at once, after whatever the
@@ -208,30 +192,36 @@ def run(case: str, entry: bool = True) -> dict:
     from vllm_capture_guard.tools.contract import CPU
 
     vllm.plugins.load_general_plugins()  # as every vLLM process does
+    # A worker imports its model runner before the model's backends: every
+    # hooked import happens before what the case changes, so only the capture
+    # entry can see that change.
+    import vllm.v1.worker.gpu_model_runner  # noqa: F401
+
+    from vllm_capture_guard.tools.harness.sizes import capture_batches, run_sizes
+
+    config = harness.make_vllm_config(0, graphs=True)  # vLLM's own sizes
+    batches = capture_batches(config)
     _, _, backend, between = CASES[case]
     harness.backend_class("ROCM_ATTN")  # vLLM imports the backend module
     if between == "reload":
         importlib.reload(sys.modules[vv.ROCM_MODULE])
     elif between == "import-vendor":
         importlib.import_module(VENDOR)
-    import vllm.v1.worker.gpu_model_runner  # noqa: F401  (the entry hook)
-
-    config = capture_config()
-    sizes = sorted(config.compilation_config.cudagraph_capture_sizes, reverse=True)
     builders = [
         ("attention", harness.attention_builder(backend, config)),
         ("indexer", harness.indexer_builder(config)),
     ]
     if entry:
         enter_capture()
-    buffers = harness.RunnerBuffers(max_reqs=max(sizes))
     failures = []
-    for n in sizes:
-        run = harness.capture(builders, harness.Batch(n), buffers=buffers)
+    for batch, run in zip(batches, run_sizes(builders, batches).runs, strict=True):
         host = [w.field for g in run.groups for w in g.writes if w.side == CPU]
         if run.failed or host:
             error = run.failed.error if run.failed else None
-            failures.append({"size": n, "error": error, "host_writes": host})
+            failures.append(
+                {"size": batch.num_reqs, "error": error, "host_writes": host}
+            )
+    sizes = [b.num_reqs for b in batches]
     return {
         "sizes": len(sizes),
         "largest": sizes[0],
