@@ -106,7 +106,7 @@ def test_unpatched_copy_fails_with_guard_off(patched):
     """The control: the copy is affected before the patch."""
     out = patched.before.stdout
     assert patched.before.returncode == 1, out + patched.before.stderr[-2000:]
-    assert f"vLLM {patched.version}; guard: VLLM_CAPTURE_GUARD=off" in out
+    assert f"vLLM {patched.version}: " in out and "VLLM_CAPTURE_GUARD=off;" in out
     assert "ROCM_ATTN: FAIL" in out and "ROCM_AITER_UNIFIED_ATTN: FAIL" in out
 
 
@@ -116,7 +116,7 @@ def test_patched_tree_passes_with_guard_off(patched):
     assert "compiled again" in patched.apply.stdout  # the hash-based bytecode
     out = patched.after.stdout
     assert patched.after.returncode == 0, out + patched.after.stderr[-2000:]
-    assert f"vLLM {patched.version}; guard: VLLM_CAPTURE_GUARD=off" in out
+    assert f"vLLM {patched.version}: " in out and "VLLM_CAPTURE_GUARD=off;" in out
     assert "ROCM_ATTN: PASS, 6/6" in out
     assert "ROCM_AITER_UNIFIED_ATTN: PASS, 6/6" in out
 
