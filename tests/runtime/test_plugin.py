@@ -247,14 +247,16 @@ import vllm.v1.worker.gpu.model_runner as v2
 r = plugin.report()
 out = {"entries": r.entries if r else None}
 for key, module in (("v1", v1), ("v2", v2)):
-    entry = module.GPUModelRunner.__dict__["capture_model"]
-    out[key] = is_guarded(entry)
-    out[key + "_original"] = original_of(entry).__module__ == module.__name__
+    found = [vars(module.GPUModelRunner)[n]
+             for n in ("profile_cudagraph_memory", "capture_model")]
+    out[key] = all(is_guarded(f) for f in found)
+    out[key + "_original"] = all(
+        original_of(f).__module__ == module.__name__ for f in found)
 print(json.dumps(out))
 """
 
 
-def test_both_runners_check_again_at_their_capture_entry():
+def test_both_runners_check_again_where_they_capture():
     out, _ = run_snippet(ENTRY, VLLM_CAPTURE_GUARD="on")
     assert out["v1"] and out["v2"], out
     assert out["v1_original"] and out["v2_original"]

@@ -9,6 +9,7 @@ import functools
 import textwrap
 
 import pytest
+from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from vllm_capture_guard.runtime.shape import fixed_shape, is_host_field
 
@@ -28,7 +29,7 @@ def test_vllms_rocm_capture_is_fixed_exactly_where_it_keeps_the_host_offsets(
         assert why is None
 
 
-def upstream_shape(self, common_attn_metadata):
+def upstream_shape(self, common_attn_metadata: CommonAttentionMetadata):
     attn_metadata = self.build(0, common_attn_metadata)
     attn_metadata.seq_lens.fill_(1)
     common_attn_metadata.query_start_loc.zero_()
@@ -84,6 +85,42 @@ def dynamic(self, cm):
     return self.build(0, cm)
 
 
+def through_dunder(self, cm: CommonAttentionMetadata):
+    cm.__dict__["query_start_loc_cpu"].zero_()
+    return self.build(0, cm)
+
+
+def other_first_parameter(this, cm: CommonAttentionMetadata):
+    return self.build(0, cm)  # noqa: F821  (a global "self")
+
+
+def self_rebound(self, cm: CommonAttentionMetadata):
+    self = object()
+    return self.build(0, cm)
+
+
+def host_container(self, cm: CommonAttentionMetadata):
+    cm.mm_req_doc_ranges.clear()
+    return self.build(0, cm)
+
+
+def unannotated_device_write(self, cm):
+    cm.query_start_loc.zero_()
+    return self.build(0, cm)
+
+
+def _zeroing_decorator(fn):
+    @functools.wraps(fn)
+    def wrapper(self, cm):
+        cm.query_start_loc_cpu.zero_()
+        return fn(self, cm)
+
+    return wrapper
+
+
+wraps_a_fixed_capture = _zeroing_decorator(upstream_shape)
+
+
 @functools.lru_cache
 def decorated(self, cm):
     return self.build(0, cm)
@@ -115,6 +152,12 @@ exec(  # no source file behind it
         (functools.partialmethod(upstream_shape), "not a plain function"),
         (scope["no_source"], "cannot be read"),
         (staticmethod(upstream_shape), "not a plain function"),
+        (through_dunder, "uses __dict__"),
+        (other_first_parameter, "not (self, metadata)"),
+        (self_rebound, "rebinds self"),
+        (host_container, "somewhere other than self.build"),
+        (unannotated_device_write, "somewhere other than self.build"),
+        (wraps_a_fixed_capture, "decorated"),
     ],
 )
 def test_in_doubt(fn, why):
@@ -171,7 +214,7 @@ def test_a_file_changed_after_import_is_in_doubt(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     fn = importlib.import_module("vendor_changed").capture
     assert fixed_shape(fn) == "it touches query_start_loc_cpu"
-    on_disk = "def capture(self, cm):\n    cm.query_start_loc.zero_()\n"
+    on_disk = "def capture(self, cm):\n    pass\n"
     (tmp_path / "vendor_changed.py").write_text(
         on_disk + "    return self.build(0, cm)\n"
     )

@@ -7,9 +7,10 @@ initialises no CUDA/HIP. Then every patch applies
 
 * the moment vLLM imports a module it fixes (a process that never imports a
   ROCm backend, such as the API server, pays nothing), and
-* again right before capture, in the model runner's ``capture_model`` (V1's
-  and Model Runner V2's): classes defined, methods put back and modules
-  reloaded since the import are guarded before the first graph.
+* again right before capture, in the model runner's
+  ``profile_cudagraph_memory`` and ``capture_model`` (V1's and Model Runner
+  V2's): classes defined, methods put back and modules reloaded since the
+  import are guarded before the first graph.
 
 What a patch did is logged once, and again only when it changes: INFO, or a
 WARNING when it fixed code it could not read as fixed, or could not act.
@@ -28,7 +29,9 @@ from vllm_capture_guard.runtime import hooks, switch
 PREFIX = "vllm-capture-guard"
 #: Where vLLM captures: V1's model runner and Model Runner V2's.
 ENTRIES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
-RUNNER, CAPTURE = "GPUModelRunner", "capture_model"
+#: The runner methods that capture: V1 profiles the graphs' memory by
+#: capturing them, before ``capture_model``.
+RUNNER, CAPTURES = "GPUModelRunner", ("profile_cudagraph_memory", "capture_model")
 
 
 @dataclasses.dataclass
@@ -144,16 +147,19 @@ def _rechecking(capture_model):  # noqa: ANN001, ANN202
 def _guard_entry(log: logging.Logger):  # noqa: ANN202
     def hook(module: ModuleType) -> None:
         cls, patches = getattr(module, RUNNER, None), _patches()
+        found = [n for n in CAPTURES if callable(getattr(cls, n, None))]
         with _lock:
-            if not callable(getattr(cls, CAPTURE, None)):
+            if "capture_model" not in found:
                 log.warning(
-                    f"{PREFIX}: {module.__name__} has no {RUNNER}.{CAPTURE}; the "
-                    "guard set at import stands, but is not checked before capture"
+                    f"{PREFIX}: {module.__name__} has no {RUNNER}.capture_model; "
+                    "the guard set at import stands, but is not checked before "
+                    "capture"
                 )
-            elif not patches.is_guarded(cls.__dict__.get(CAPTURE)):
-                patches.wrap_method(cls, CAPTURE, _rechecking)
-                if _report is not None:
-                    _report.entries.append(module.__name__)
+            for name in found:
+                if not patches.is_guarded(cls.__dict__.get(name)):
+                    patches.wrap_method(cls, name, _rechecking)
+            if found and _report is not None:
+                _report.entries.append(module.__name__)
 
     return hook
 

@@ -10,7 +10,8 @@ reading is "in doubt", and the patch then fixes the class anyway:
   not), taking ``(self, metadata)`` and nothing more;
 * the shared metadata may only be handed to ``self.build(...)`` or, where the
   patch allows it, have a *device* field read or written in place
-  (``metadata.query_start_loc.zero_()``, the #25985 guard);
+  (``metadata.query_start_loc.zero_()``, the #25985 guard): a field that the
+  metadata class its annotation names declares as a plain tensor, not host;
 * no host field is touched anywhere (:func:`is_host_field`), whatever the
   object, conditionally or not; no nested function, lambda or class; none of
   ``eval``, ``exec``, ``locals``, ``vars``, ``globals``, ``setattr``.
@@ -53,6 +54,8 @@ def fixed_shape(
     ``forbidden``: attribute names that must not appear at all."""
     if not isinstance(fn, types.FunctionType):
         return f"{type(fn).__name__} is not a plain function"
+    if hasattr(fn, "__wrapped__"):  # getsource would read the wrapped one
+        return "it is decorated or not a def"
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError) as e:
@@ -60,10 +63,13 @@ def fixed_shape(
     node = tree.body[0] if tree.body else None
     if not isinstance(node, ast.FunctionDef) or node.decorator_list:
         return "it is decorated or not a def"
-    a = node.args
+    a, code = node.args, fn.__code__
     if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or len(a.args) != 2:
         return "its signature is not (self, metadata)"
     meta = a.args[1].arg
+    if a.args[0].arg != "self" or code.co_varnames[:2] != ("self", meta):
+        return "its signature is not (self, metadata)"
+    devices = _device_fields(fn, meta) if device_fields else frozenset()
     builds: set[int] = set()  # ids of Name nodes handed to self.build(...)
     fields: set[int] = set()  # ids of Name nodes used as metadata.<device field>
     names: set[str] = set()
@@ -79,12 +85,16 @@ def fixed_shape(
             names.add(sub.attr)
             if forbidden(sub.attr):
                 return f"it touches {sub.attr}"
+            if sub.attr.startswith("__"):
+                return f"it uses {sub.attr}"
             load = isinstance(sub.ctx, ast.Load)
-            if device_fields and load and _is_name(sub.value, meta):
+            if load and sub.attr in devices and _is_name(sub.value, meta):
                 fields.add(id(sub.value))
         if isinstance(sub, ast.Name):
             if sub.id in _FORBIDDEN:
                 return f"it calls {sub.id}"
+            if sub.id == "self" and not isinstance(sub.ctx, ast.Load):
+                return "it rebinds self"
             if sub.id != meta and sub.id not in fn.__code__.co_varnames:
                 names.add(sub.id)
     for sub in ast.walk(node):
@@ -99,6 +109,21 @@ def fixed_shape(
     if not set(fn.__code__.co_names) <= names:
         return "its source does not match the code that runs"
     return None
+
+
+def _device_fields(fn: types.FunctionType, meta: str) -> frozenset[str]:
+    """The metadata's tensor fields that are not host fields, from the class
+    the capture's annotation names (none if it cannot be found)."""
+    cls = fn.__annotations__.get(meta)
+    cls = fn.__globals__.get(cls) if isinstance(cls, str) else cls
+    fields = getattr(cls, "__dataclass_fields__", {}).values()
+    return frozenset(
+        f.name
+        for f in fields
+        if "Tensor" in str(f.type)
+        and "|" not in str(f.type)
+        and not is_host_field(f.name)
+    )
 
 
 def _is_name(node: ast.AST, name: str) -> bool:

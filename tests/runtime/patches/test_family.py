@@ -227,3 +227,53 @@ def test_the_capture_keeps_every_host_field_values_and_bindings(affected):
         assert getattr(shared, name) is tensor, name
         assert torch.equal(tensor, before), name
     assert shared.query_start_loc.eq(0).all()
+
+
+def test_containers_are_the_captures_own_too(affected):
+    """A dict or list field (``mm_req_doc_ranges``) is copied for the capture:
+    what it does to it stays its own."""
+    import dataclasses
+
+    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as rocm
+
+    shared = harness.shared_metadata(harness.Batch(2))
+    if "mm_req_doc_ranges" not in {f.name for f in dataclasses.fields(shared)}:
+        pytest.skip("this vLLM's metadata has no container field")
+    shared.mm_req_doc_ranges = {0: [(0, 1)]}
+
+    def appends(self, cm):
+        cm.mm_req_doc_ranges[0].append((1, 2))
+        cm.query_start_loc.zero_()
+
+    rocm._isolated(appends)(None, shared)
+    assert shared.mm_req_doc_ranges == {0: [(0, 1)]}
+    assert shared.query_start_loc.eq(0).all()  # device writes still land
+
+
+def test_a_metadata_it_cannot_copy_is_restored_and_vllm_goes_on(caplog):
+    """Our own failure handling (a fake metadata): the copy fails, the
+    capture still runs on the shared object and its host values come back."""
+    import logging
+
+    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as rocm
+
+    class Uncopyable:
+        __slots__ = ("query_start_loc", "query_start_loc_cpu")
+
+        def __copy__(self):
+            raise TypeError("no copies")
+
+    cm = Uncopyable()
+    cm.query_start_loc = torch.arange(3)
+    cm.query_start_loc_cpu = torch.arange(3)
+
+    def zeroes(self, metadata):
+        metadata.query_start_loc_cpu.zero_()
+        metadata.query_start_loc.zero_()
+        return "built"
+
+    with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
+        assert rocm._isolated(zeroes)(None, cm) == "built"
+    assert caplog.records and "no own copy" in caplog.records[0].getMessage()
+    assert cm.query_start_loc.eq(0).all()
+    assert cm.query_start_loc_cpu.tolist() == [0, 1, 2]

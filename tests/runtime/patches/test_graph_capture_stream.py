@@ -151,3 +151,28 @@ def test_switched_off_by_name(affected):
     assert lines and "disabled" in lines[0], logs[-3000:]
     if affected:
         assert all(None in f["streams"] for f in out["found"].values()), out
+
+
+def _no_stream(self, torch):  # our own small functions: the reader is tested
+    with torch.cuda.graph(self.g, self.pool, None):
+        pass
+    with torch.cuda.graph(self.g, stream=None):
+        pass
+
+
+def _stream(self, torch):
+    with torch.cuda.graph(self.g, stream=self.s):
+        pass
+
+
+def _global(self, torch):
+    global _COUNT
+    with torch.cuda.graph(self.g):
+        _COUNT = 1
+
+
+def test_reader_counts_a_none_stream_as_none_and_refuses_globals():
+    assert mod.stream_calls(_no_stream) == [False, False]
+    assert mod.stream_calls(_stream) == [True]
+    with pytest.raises(ValueError, match="globals"):
+        mod.stream_calls(_global)

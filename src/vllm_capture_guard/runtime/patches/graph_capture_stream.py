@@ -105,13 +105,32 @@ class _Globals(dict):
         return self.module[key]
 
 
+def _given(node: ast.AST | None) -> bool:
+    return node is not None and not (
+        isinstance(node, ast.Constant) and node.value is None
+    )
+
+
 def stream_calls(fn: Any) -> list[bool]:
-    """Does each ``torch.cuda.graph(...)`` call in ``fn`` pass a stream?"""
+    """Does each ``torch.cuda.graph(...)`` call in ``fn`` pass a stream (not
+    ``None``)? Raises ValueError where a copy would not behave as ``fn``:
+    ``global`` statements and ``globals()`` use the copy's own globals."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
+    nodes = list(ast.walk(tree))
+    if any(
+        isinstance(n, ast.Global) or (isinstance(n, ast.Name) and n.id == "globals")
+        for n in nodes
+    ):
+        raise ValueError("it uses its module's globals directly")
+    calls = [
+        n
+        for n in nodes
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.cuda.graph"
+    ]
     return [
-        len(node.args) >= 3 or any(k.arg == "stream" for k in node.keywords)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.cuda.graph"
+        _given(c.args[2] if len(c.args) >= 3 else None)
+        or any(k.arg == "stream" and _given(k.value) for k in c.keywords)
+        for c in calls
     ]
 
 
@@ -170,13 +189,18 @@ class GraphCaptureStream(base.Patch):
             else:
                 try:
                     calls = stream_calls(fn)
+                except ValueError as e:
+                    calls = None
+                    warnings.append(f"{where}: {e}; unchanged")
                 except (OSError, TypeError, SyntaxError) as e:
                     calls = [False]
                     warnings.append(
                         f"cannot read {where} ({type(e).__name__}), guarded"
                     )
-                if not calls:
+                if calls == []:
                     warnings.append(f"{where} has no torch.cuda.graph call; unchanged")
+                elif calls is None:
+                    pass
                 elif all(calls):
                     done.append(f"{where} passes a stream")
                 else:

@@ -46,6 +46,7 @@ Delete when:
 from __future__ import annotations
 
 import copy
+import logging
 import sys
 from types import ModuleType
 from typing import Any
@@ -60,30 +61,50 @@ BACKENDS = (
     (MODULE, "RocmAttentionBackend"),
     (AITER, "RocmAiterUnifiedAttentionBackend"),
 )
-_HOST: dict[type, tuple[str, ...]] = {}  # host field names per metadata class
+_log = logging.getLogger("vllm.capture_guard")
 
 
 def _own_copy(metadata: Any) -> Any:
-    """A shallow copy of ``metadata`` whose host fields are copies too."""
-    names = _HOST.get(type(metadata))
-    if names is None:
-        fields = getattr(metadata, "__dataclass_fields__", None) or vars(metadata)
-        names = _HOST[type(metadata)] = tuple(n for n in fields if is_host_field(n))
+    """A shallow copy of ``metadata`` whose host fields (by name) and mutable
+    containers (dicts, lists) are copies too."""
+    fields = getattr(metadata, "__dataclass_fields__", None) or vars(metadata)
     own = copy.copy(metadata)
-    for name in names:
+    for name in fields:
         value = getattr(own, name, None)
-        if hasattr(value, "clone"):  # a tensor
+        if isinstance(value, (dict, list)):
+            setattr(own, name, copy.deepcopy(value))
+        elif is_host_field(name) and hasattr(value, "clone"):  # a tensor
             setattr(own, name, value.clone())
-        elif hasattr(value, "copy"):  # an array, a list, a dict
+        elif is_host_field(name) and hasattr(value, "copy"):  # an array
             setattr(own, name, value.copy())
     return own
 
 
 def _isolated(capture: Any) -> Any:
     def build_for_cudagraph_capture(self, common_attn_metadata, *args, **kwargs):
-        return capture(self, _own_copy(common_attn_metadata), *args, **kwargs)
+        try:
+            own = _own_copy(common_attn_metadata)
+        except Exception as e:  # never stop vLLM: keep the values instead
+            _log.warning(f"vllm-capture-guard: no own copy ({e!r}); restoring")
+            try:
+                saved = [(t, t.clone()) for t in _host_tensors(common_attn_metadata)]
+            except Exception:
+                saved = []
+            try:
+                return capture(self, common_attn_metadata, *args, **kwargs)
+            finally:
+                for tensor, values in saved:
+                    tensor.copy_(values)
+        return capture(self, own, *args, **kwargs)
 
     return build_for_cudagraph_capture
+
+
+def _host_tensors(metadata: Any) -> list[Any]:
+    fields = getattr(metadata, "__dataclass_fields__", None)
+    fields = fields or getattr(metadata, "__slots__", None) or vars(metadata)
+    values = [getattr(metadata, n, None) for n in fields if is_host_field(n)]
+    return [v for v in values if hasattr(v, "clone") and hasattr(v, "copy_")]
 
 
 def family() -> list[type]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 
+from vllm_capture_guard.runtime.patches import graph_capture_stream as runtime
 from vllm_capture_guard.tools.tree import model
 from vllm_capture_guard.tools.tree.source import (
     PROJECT,
@@ -41,15 +42,12 @@ from vllm_capture_guard.tools.tree.source import (
     marker,
 )
 
-FIX = "graph-capture-stream"
-PR = "#53818"
-#: (file inside the vllm package, class, method)
-SITES = (
-    ("v1/worker/gpu/cudagraph_utils.py", "CudaGraphManager", "capture"),
-    ("v1/worker/encoder_cudagraph.py", "EncoderCudaGraphManager",
-     "_capture_budget_graph"),
-    ("v1/spec_decode/gemma4.py", "Gemma4Proposer", "_setup_centroids_cuda_graphs"),
-)  # fmt: skip
+FIX, PR = runtime.GraphCaptureStream.name, runtime.GraphCaptureStream.pr
+#: (file inside the vllm package, class, method): the runtime patch's sites
+SITES = tuple(
+    (module.removeprefix("vllm.").replace(".", "/") + ".py", cls, method)
+    for module, cls, method in runtime.SITES
+)
 FILES = tuple(f for f, _, _ in SITES)
 NAME = "current_stream"
 IMPORT = f"from vllm.utils.torch_utils import {NAME}".encode()
