@@ -201,7 +201,7 @@ def test_revert_stops_pending_hooks(fresh_plugin, unpatched, zeroes_cpu_offsets)
 
 
 def test_unrecognisable_backend_module_is_failed_not_not_needed(
-    monkeypatch, fresh_plugin
+    monkeypatch, fresh_plugin, unpatched
 ):
     """A vLLM whose ROCm backend module no longer has the classes we know:
     the report says failed, with one WARNING, never "not needed"."""
@@ -268,7 +268,7 @@ def test_both_runners_check_again_where_they_capture():
     assert not off["v1"] and not off["v2"]
 
 
-def test_runner_without_capture_entry_warns_once(fresh_plugin):
+def test_runner_without_capture_entry_warns_once(fresh_plugin, unpatched):
     import types
 
     plugin.register()

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
+from vllm_capture_guard.runtime.patches import original_of
 from vllm_capture_guard.runtime.shape import fixed_shape, is_host_field
 
 METHOD = "build_for_cudagraph_capture"
@@ -22,7 +23,7 @@ def test_vllms_rocm_capture_is_fixed_exactly_where_it_keeps_the_host_offsets(
     """Decided against vLLM's own capture run unguarded (the fixture)."""
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
 
-    why = fixed_shape(RocmAttentionMetadataBuilder.__dict__[METHOD])
+    why = fixed_shape(original_of(RocmAttentionMetadataBuilder.__dict__[METHOD]))
     if zeroes_cpu_offsets:
         assert why == "it touches query_start_loc_cpu"
     else:

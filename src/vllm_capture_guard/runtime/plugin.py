@@ -101,6 +101,8 @@ def _summarise(report: Report) -> None:
 def _fail(log: logging.Logger, what: str, error: BaseException) -> None:
     failure = f"{what}: failed ({type(error).__name__}: {error})"
     with _lock:
+        if _report is not None and failure in _report.failures:
+            return  # said once already
         if _report is not None:
             _report.failures.append(failure)
             _summarise(_report)
