@@ -117,8 +117,9 @@ def test_patched_tree_passes_with_guard_off(patched):
     out = patched.after.stdout
     assert patched.after.returncode == 0, out + patched.after.stderr[-2000:]
     assert f"vLLM {patched.version}: " in out and "VLLM_CAPTURE_GUARD=off;" in out
-    assert "ROCM_ATTN: PASS, 6/6" in out
-    assert "ROCM_AITER_UNIFIED_ATTN: PASS, 6/6" in out
+    # every capture size vLLM derives (512 down to 1) passes
+    assert "ROCM_ATTN: PASS, 51/51 capture sizes" in out
+    assert "ROCM_AITER_UNIFIED_ATTN: PASS, 51/51 capture sizes" in out
 
 
 def test_patched_tree_matches_upstream_029(patched, reference):
