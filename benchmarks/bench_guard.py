@@ -58,6 +58,8 @@ def capture_cost() -> list[tuple[str, float, float]]:
     from vllm_capture_guard.runtime.patches import PATCHES, original_of
     from vllm_capture_guard.tools import harness as sc
 
+    for backend in sc.seed_backends():
+        sc.backend_class(backend)  # the patches act on what vLLM imported
     for patch in PATCHES:
         patch.apply()
     config = sc.make_vllm_config()

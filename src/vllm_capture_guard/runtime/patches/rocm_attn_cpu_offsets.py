@@ -67,10 +67,16 @@ _log = logging.getLogger("vllm.capture_guard")
 def _own_copy(metadata: Any) -> Any:
     """A shallow copy of ``metadata`` whose host fields (by name) and mutable
     containers (dicts, lists) are copies too."""
-    fields = getattr(metadata, "__dataclass_fields__", None) or vars(metadata)
-    own = copy.copy(metadata)
-    for name in fields:
-        value = getattr(own, name, None)
+    if hasattr(metadata, "__dict__"):  # the dataclass vLLM uses: a fast copy
+        own = object.__new__(type(metadata))
+        own.__dict__.update(metadata.__dict__)
+        items = list(own.__dict__.items())
+    else:
+        own = copy.copy(metadata)
+        items = [(n, getattr(own, n, None)) for n in own.__dataclass_fields__]
+    for name, value in items:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            continue
         if isinstance(value, (dict, list)):
             setattr(own, name, copy.deepcopy(value))
         elif is_host_field(name) and hasattr(value, "clone"):  # a tensor
