@@ -5,8 +5,8 @@
 # requirements/vllm-X.txt, if a release ever imports more than the base venv
 # holds). Put first on PYTHONPATH, a target wins over the venv's own vLLM, and
 # importlib.metadata reports its version. The base venv supplies torch etc.
-# A release the venv itself holds is skipped. uv is used when it is on PATH
-# (CAPTURE_GUARD_NO_UV=1 forces pip).
+# A release the venv itself holds is skipped. uv installs them (scripts/uv.sh;
+# CAPTURE_GUARD_NO_UV=1 forces pip).
 #   scripts/make-envs.sh PYTHON ENVS_DIR VERSION...
 set -euo pipefail
 python=${1:?usage: make-envs.sh PYTHON ENVS_DIR VERSION...}
@@ -16,11 +16,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$envs"
 own=$(PYTHONPATH= "$python" -c \
     "from importlib.metadata import version; print(version('vllm'))")
-if [ -z "${CAPTURE_GUARD_NO_UV:-}" ] && command -v uv >/dev/null 2>&1; then
-    pip=(uv pip install --quiet --python "$python" --no-deps --no-compile)
+if uv=$("$root/scripts/uv.sh"); then
+    mapfile -t sources < <("$python" "$root/scripts/pip_sources.py" "$python")
+    pip=("$uv" pip install --quiet --python "$python" --no-deps "${sources[@]}")
 else
-    pip=("$python" -m pip install --quiet --disable-pip-version-check --no-deps
-        --no-compile)
+    pip=("$python" -m pip install --quiet --disable-pip-version-check --no-deps)
 fi
 for version in "$@"; do
     target="$envs/vllm-$version"
