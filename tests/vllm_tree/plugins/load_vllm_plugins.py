@@ -1,34 +1,35 @@
 # SPDX-License-Identifier: Apache-2.0
 """pytest plugin (``-p load_vllm_plugins``): load vLLM's general plugins the
 way each vLLM process does (``vllm.plugins.load_general_plugins()``), before
-any test file is collected, and say at the end what vllm-capture-guard did in
-this process (one ``vllm-capture-guard report:`` line). Test-only."""
+any test file is collected, and say at the end which of them vLLM's loader
+imported (one ``vllm-capture-guard report:`` line: the modules of the
+``vllm.general_plugins`` entry points that are imported now). It reads nothing
+of the guard's own state, which is the guard's business. Test-only."""
 
 from __future__ import annotations
 
 import json
+import sys
+from importlib.metadata import entry_points
 
 REPORT = "vllm-capture-guard report:"
+GROUP = "vllm.general_plugins"
+
+
+def _imported() -> dict[str, bool]:
+    return {ep.name: ep.module in sys.modules for ep in entry_points(group=GROUP)}
 
 
 def pytest_configure(config):
     from vllm.plugins import load_general_plugins
 
+    config._plugins_before = _imported()
     load_general_plugins()
 
 
-def pytest_terminal_summary(terminalreporter):
-    try:
-        from vllm_capture_guard.runtime import plugin
-
-        report = plugin.report()
-    except Exception as e:  # the line says so; the caller decides
-        found = {"error": f"{type(e).__name__}: {e}"}
-    else:
-        found = {"action": None, "outcomes": {}}
-        if report is not None:
-            found["action"] = report.action
-            for name, outcome in report.outcomes.items():
-                status = getattr(outcome, "status", outcome)
-                found["outcomes"][name] = getattr(status, "value", str(status))
+def pytest_terminal_summary(terminalreporter, config):
+    found = {
+        "before": getattr(config, "_plugins_before", {}),
+        "after": _imported(),
+    }
     terminalreporter.write_line(f"{REPORT} {json.dumps(found, sort_keys=True)}")
