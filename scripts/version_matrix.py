@@ -26,9 +26,12 @@ this run found (so it is never typed by hand). Exit 1 if any test failed.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import dataclasses
 import difflib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +44,13 @@ sys.path.insert(0, str(ROOT / "src"))
 VERSIONS = ("0.27.1", "0.28.0", "0.29.0", "0.33.0")
 README = ROOT / "README.md"
 DOC = ROOT / "docs" / "version-matrix.md"
+DURATIONS = ROOT / "docs" / "durations.md"
 START, END = "<!-- version-matrix:start -->", "<!-- version-matrix:end -->"
+CACHE = ROOT / ".envs" / "cache"
+#: Jobs at once: the CI machine has two cores.
+PARALLEL = int(os.environ.get("CAPTURE_GUARD_JOBS", "2"))
+#: Slowest tests listed per job in docs/durations.md.
+SLOWEST = 15
 
 # --- in the release's own environment ----------------------------------------
 
@@ -127,34 +136,80 @@ def _facts_in(version: str) -> dict:
     return result
 
 
-def _run_tests(version: str, folder: Path) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One pytest run: ``marks`` selects its tests; ``version`` is the release
+    its interpreter runs (``facts``: it also gathers the release's facts for
+    the version table)."""
+
+    name: str
+    version: str
+    marks: str
+    facts: bool
+
+
+#: The jobs' share of the matrix, measured (seconds of one job run alone on
+#: the 2-core CI machine); the longest start first.
+EXPECTED = {"vllm-0.28.0": 300, "vllm-0.27.1": 280, "oracle": 260, "once": 60,
+            "vllm-0.29.0": 200, "vllm-0.33.0": 200}  # fmt: skip
+
+
+def jobs_for(versions: list[str], own: str) -> list[Job]:
+    """A job per release (the release's own tests), and, where the venv's own
+    release is asked for, the tests that run once: the ``oracle`` set (it
+    starts every release itself) and the ``once`` set (release-independent)."""
+    found = [Job(f"vllm-{v}", v, "not oracle and not once", True) for v in versions]
+    if own in versions:
+        found += [
+            Job("oracle", own, "oracle", False),
+            Job("once", own, "once and not oracle", False),
+        ]
+    return sorted(found, key=lambda j: -EXPECTED.get(j.name, 100))
+
+
+def _job_env(job: Job, folder: Path) -> dict[str, str | None]:
+    """What a job writes is its own: caches (vLLM's, the sdists', pip's) under
+    its own ``XDG_CACHE_HOME``, kept between runs in ``.envs/cache``."""
     from vllm_capture_guard.runtime import switch
+
+    cache = CACHE / job.name
+    cache.mkdir(parents=True, exist_ok=True)
+    return {
+        switch.ENV: None,  # the suite sets the switch itself
+        "VLLM_LOGGING_STREAM": os.environ.get("VLLM_LOGGING_STREAM"),
+        "XDG_CACHE_HOME": str(cache),
+        "VLLM_CACHE_ROOT": None,
+        "CAPTURE_GUARD_SDIST_CACHE": os.environ.get("CAPTURE_GUARD_SDIST_CACHE"),
+    }
+
+
+def _run_tests(job: Job, folder: Path) -> dict:
     from vllm_capture_guard.tools.oracle import releases
 
-    base = releases.env_dir(version) is None
-    xml = folder / f"pytest-{version}.xml"
+    xml = folder / f"pytest-{job.name}.xml"
+    log = folder / f"pytest-{job.name}.log"
     args = ["-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={xml}"]
-    if not base:  # run once, in the base venv: oracle and release-independent tests
-        args += ["-m", "not oracle and not once"]
-    print(f"\n=== vLLM {version}: {' '.join(args)}", flush=True)
+    args += ["-m", job.marks, f"--basetemp={folder / ('tmp-' + job.name)}"]
     start = time.monotonic()
-    # the suite sets the switch itself; vLLM logs where the caller chose
-    keep = {
-        switch.ENV: None,
-        "VLLM_LOGGING_STREAM": os.environ.get("VLLM_LOGGING_STREAM"),
-    }
-    proc = releases.run_in(
-        version, args, keep, cwd=ROOT, timeout=None, capture_output=False
-    )
+    with log.open("w") as out:
+        out.write(f"=== {job.name} (vLLM {job.version}): {' '.join(args)}\n")
+        out.flush()
+        proc = releases.run_in(
+            job.version, args, _job_env(job, folder), cwd=ROOT, timeout=None,
+            capture_output=False, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     seconds = time.monotonic() - start
     suite = ET.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     skips: dict[str, int] = {}
+    slowest = []
     for case in suite.iter("testcase"):
         skipped = case.find("skipped")
         if skipped is not None:
             reason = (skipped.get("message") or "").removeprefix("Skipped: ")
             skips[reason] = skips.get(reason, 0) + 1
+        name = f"{case.get('classname')}::{case.get('name')}"
+        slowest.append((round(float(case.get("time") or 0), 1), name))
     tests = int(suite.get("tests"))
     failed = int(suite.get("failures")) + int(suite.get("errors"))
     skipped = int(suite.get("skipped"))
@@ -165,8 +220,23 @@ def _run_tests(version: str, folder: Path) -> dict:
         "skipped": skipped,
         "skips": skips,
         "seconds": round(seconds),
-        "oracle": base,
+        "slowest": sorted(slowest, reverse=True)[:SLOWEST],
+        "log": log.read_text(),
     }
+
+
+def run_job(job: Job, folder: Path) -> dict:
+    """The job's facts (if any), then its tests; never raises."""
+    found: dict = {"job": job}
+    start = time.monotonic()
+    try:
+        if job.facts:
+            found["facts"] = _facts_in(job.version)
+        found["tests"] = _run_tests(job, folder)
+    except BaseException as e:  # reported, counted as a failure
+        found["error"] = f"{type(e).__name__}: {e}"
+    found["seconds"] = round(time.monotonic() - start)
+    return found
 
 
 # --- rendering ---------------------------------------------------------------
@@ -253,7 +323,7 @@ def readme_section(results: dict) -> str:
     return "\n".join(lines)
 
 
-def doc(results: dict, section: str, total: float) -> str:
+def doc(results: dict, once: dict, section: str, total: float, cpu: float) -> str:
     out = [
         "<!-- SPDX-License-Identifier: Apache-2.0 -->",
         "# Version matrix",
@@ -266,25 +336,58 @@ def doc(results: dict, section: str, total: float) -> str:
         "",
         section.replace(START, "").replace(END, "").strip(),
         "",
-        "## Test suite per release",
+        "## Test suite per job",
         "",
-        "| vLLM | passed | failed | skipped | seconds | oracle tests |",
-        "|---|---|---|---|---|---|",
+        "Each release runs its own tests; the `oracle` set (which starts every "
+        "release itself) and the release-independent `once` set run in the "
+        f"venv. {PARALLEL} jobs run at a time.",
+        "",
+        "| job | passed | failed | skipped | seconds |",
+        "|---|---|---|---|---|",
     ]
-    for version, r in results.items():
+    rows = {f"vLLM {v}": r for v, r in results.items()}
+    rows.update({f"{n} (venv)": r for n, r in once.items()})
+    for name, r in rows.items():
         t = r["tests"]
         out.append(
-            f"| {version} | {t['passed']} | {t['failed']} | {t['skipped']} | "
-            f"{t['seconds']} | {'run here' if t['oracle'] else 'deselected'} |"
+            f"| {name} | {t['passed']} | {t['failed']} | {t['skipped']} | "
+            f"{t['seconds']} |"
         )
-    out += ["", f"Whole matrix: {round(total)} s.", "", "## Why tests skip", ""]
-    for version, r in results.items():
+    out += [
+        "",
+        f"Whole matrix: {round(total)} s wall, {round(cpu)} s CPU (user+sys).",
+        "",
+        "## Why tests skip",
+        "",
+    ]
+    for name, r in rows.items():
         for reason, n in sorted(r["tests"]["skips"].items()):
-            out.append(f"- {version}: {n} x {reason}")
+            out.append(f"- {name}: {n} x {reason}")
     out += ["", "## What the guard said", ""]
     for version, r in results.items():
         for name, (status, detail) in r["facts"]["outcomes"].items():
             out.append(f"- {version}, `{name}`: {status} ({detail})")
+    return "\n".join(out) + "\n"
+
+
+def durations(done: dict, total: float, cpu: float) -> str:
+    """docs/durations.md: each job's slowest tests, from its junit times (what
+    ``pytest --durations`` shows), so that the next slow test is visible."""
+    out = [
+        "<!-- SPDX-License-Identifier: Apache-2.0 -->",
+        "# Test durations",
+        "",
+        "Generated by `make matrix` from the same run as the version table: "
+        f"the {SLOWEST} slowest tests of each job (seconds of wall time, setup "
+        "included, as junit records them). "
+        f"Whole matrix: {round(total)} s wall, {round(cpu)} s CPU.",
+    ]
+    for name, r in done.items():
+        t = r.get("tests")
+        if not t:
+            continue
+        out += ["", f"## {name} ({t['seconds']} s)", "", "| s | test |", "|---|---|"]
+        out += [f"| {sec} | `{test}` |" for sec, test in t["slowest"]]
     return "\n".join(out) + "\n"
 
 
@@ -307,46 +410,106 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(facts()))
         return 0
 
-    start = time.monotonic()
-    results: dict = {}
-    with tempfile.TemporaryDirectory(prefix="version-matrix-") as tmp:
-        for version in args.versions:
-            print(f"\n=== vLLM {version}: facts", flush=True)
-            found = _facts_in(version)
-            results[version] = {"facts": found, "tests": _run_tests(version, Path(tmp))}
-    total = time.monotonic() - start
-    section = readme_section(results)
-    print("\n" + section.replace("<br>", "; "))
-    stale = False
-    readme = README.read_text()
-    wanted = _replace_section(readme, section)
-    if args.write:
-        README.write_text(wanted)
-        DOC.parent.mkdir(exist_ok=True)
-        DOC.write_text(doc(results, section, total))
-        print(f"wrote {DOC.relative_to(ROOT)} and the README table")
-    elif args.check and wanted != readme:
-        stale = True
-        print("README.md's version table is not what this run found:")
-        sys.stdout.writelines(
-            difflib.unified_diff(
-                readme.splitlines(True), wanted.splitlines(True), "README.md", "run"
+    own = _own_release()
+    jobs = jobs_for(list(args.versions), own)
+    start, cpu = time.monotonic(), _machine_cpu()
+    done: dict[str, dict] = {}
+    with (
+        tempfile.TemporaryDirectory(prefix="version-matrix-") as tmp,
+        concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool,
+    ):
+        running = {}
+        for job in jobs:
+            print(f"=== {job.name} (vLLM {job.version}): queued", flush=True)
+            running[pool.submit(run_job, job, Path(tmp))] = job
+        for future in concurrent.futures.as_completed(running):
+            found = future.result()
+            job = found["job"]
+            done[job.name] = found
+            if "tests" in found:
+                print(found["tests"].pop("log"), flush=True)
+            t = found.get("tests", {})
+            print(
+                f"=== {job.name}: finished in {found['seconds']} s: "
+                f"{t.get('passed', 0)} passed, {t.get('failed', 0)} failed, "
+                f"{t.get('skipped', 0)} skipped{_error(found)}",
+                flush=True,
             )
-        )
-        print("regenerate it with `make matrix` and commit it")
-    passed = sum(r["tests"]["passed"] for r in results.values())
-    failed = sum(r["tests"]["failed"] for r in results.values())
-    skipped = sum(r["tests"]["skipped"] for r in results.values())
-    for version, r in results.items():
-        t = r["tests"]
-        print(
-            f"vLLM {version}: {t['passed']} passed, {t['failed']} failed, "
-            f"{t['skipped']} skipped in {t['seconds']} s"
-        )
-    print(f"matrix time: {round(total)} s")
+    total, cpu = time.monotonic() - start, _machine_cpu() - cpu
+    results = {v: done[f"vllm-{v}"] for v in args.versions}
+    once = {n: done[n] for n in ("oracle", "once") if n in done}
+    broken = [f"{n}: {r['error']}" for n, r in done.items() if "error" in r]
+    stale = False
+    if not broken:
+        section = readme_section(results)
+        print("\n" + section.replace("<br>", "; "))
+        readme = README.read_text()
+        wanted = _replace_section(readme, section)
+        if args.write:
+            README.write_text(wanted)
+            DOC.parent.mkdir(exist_ok=True)
+            DOC.write_text(doc(results, once, section, total, cpu))
+            DURATIONS.write_text(durations(done, total, cpu))
+            print(f"wrote {DOC.relative_to(ROOT)}, {DURATIONS.relative_to(ROOT)}")
+            print("and the README table")
+        elif args.check and wanted != readme:
+            stale = True
+            print("README.md's version table is not what this run found:")
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    readme.splitlines(True), wanted.splitlines(True), "README.md", "run"
+                )
+            )
+            print("regenerate it with `make matrix` and commit it")
+    tests = [r["tests"] for r in done.values() if "tests" in r]
+    passed = sum(t["passed"] for t in tests)
+    failed = sum(t["failed"] for t in tests) + len(broken)
+    skipped = sum(t["skipped"] for t in tests)
+    for name, r in done.items():
+        t = r.get("tests")
+        if t:
+            print(
+                f"{name}: {t['passed']} passed, {t['failed']} failed, "
+                f"{t['skipped']} skipped in {t['seconds']} s"
+            )
+    for line in broken:
+        print(f"job failed: {line}")
+    load = os.getloadavg()[0]
+    print(
+        f"matrix time: {round(total)} s wall, {round(cpu)} s machine CPU "
+        f"(user+sys), load average {load:.1f}"
+    )
     print(f"version-matrix: {passed} passed, {failed} failed, {skipped} skipped")
-    bad = failed or any(r["tests"]["rc"] not in (0,) for r in results.values())
+    bad = failed or any(t["rc"] != 0 for t in tests)
     return 1 if bad or stale else 0
+
+
+def _error(found: dict) -> str:
+    return f"; job failed: {found['error'][-2000:]}" if "error" in found else ""
+
+
+def _machine_cpu() -> float:
+    """CPU seconds (user+sys, all cores) this machine has spent so far: what
+    the run costs, forked and orphaned processes included (nothing else runs
+    on a CI machine)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        busy = sum(int(fields[i]) for i in (0, 1, 2, 5, 6))  # user nice sys irqs
+        return busy / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        t = os.times()
+        return t.children_user + t.children_system
+
+
+def _own_release() -> str:
+    """The release the venv itself holds (no ``PYTHONPATH`` in front)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from importlib.metadata import version as v; "
+         "print(v('vllm'))"],
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return proc.stdout.strip()
 
 
 if __name__ == "__main__":

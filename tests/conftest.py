@@ -2,9 +2,12 @@
 """Shared helpers for the test tiers.
 
 The CPU tier runs vLLM's real builders on the CPU. Anything about plugin
-loading runs in a *fresh interpreter*, the way vLLM loads plugins in each of
-its processes; the pytest process itself never loads the guard through vLLM,
-and tests that patch in-process undo it (:func:`unpatched`).
+loading runs in a *new process where the plugin has never loaded*, the way
+vLLM loads plugins in each of its processes: a child forked from a warm
+parent (:mod:`tests.warm`), or, where freshness is what is tested
+(``fresh=True``), a fresh interpreter. The pytest process itself never loads
+the guard through vLLM, and tests that patch in-process undo it
+(:func:`unpatched`).
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 from typing import Any
 
 import pytest
+
+from tests import warm
 
 GUARD_LOG = "vllm-capture-guard:"
 
@@ -33,16 +37,11 @@ def fresh_env(**overrides: str | None) -> dict[str, str]:
 
 
 def run_fresh(
-    args: list[str], timeout: float = 600, **env: str | None
+    args: list[str], timeout: float = 600, *, fresh: bool = False, **env: str | None
 ) -> subprocess.CompletedProcess[str]:
-    """``python ARGS`` in a new interpreter; stdout and stderr captured."""
-    return subprocess.run(
-        [sys.executable, *args],
-        env=fresh_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``python ARGS`` in a new process where the plugin never loaded (a warm
+    child; a fresh interpreter with ``fresh=True``); output captured."""
+    return warm.python(args, fresh_env(**env), fresh=fresh, timeout=timeout)
 
 
 #: Configure vLLM's logging as ``vllm serve`` does before any plugin loads.
@@ -60,10 +59,12 @@ else:
 """
 
 
-def run_snippet(code: str, **env: str | None) -> tuple[Any, str]:
-    """Run ``code`` in a new interpreter; it must print one JSON line last.
-    Returns (that JSON, everything the process logged)."""
-    proc = run_fresh(["-c", LOGGING_AS_VLLM_SERVE + code], **env)
+def run_snippet(
+    code: str, *, fresh: bool = False, **env: str | None
+) -> tuple[Any, str]:
+    """Run ``code`` in a new process (:func:`run_fresh`); it must print one
+    JSON line last. Returns (that JSON, everything the process logged)."""
+    proc = run_fresh(["-c", LOGGING_AS_VLLM_SERVE + code], fresh=fresh, **env)
     logs = proc.stdout + proc.stderr
     assert proc.returncode == 0, logs[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), logs

@@ -18,7 +18,7 @@ from vllm_capture_guard.runtime.patches import PATCHES, Status
 from vllm_capture_guard.tools import harness
 from vllm_capture_guard.tools.identity import builder_key, targets
 
-# Runs in a fresh interpreter; SHIM is replaced by a line or by nothing.
+# Runs in a new process; SHIM is replaced by a line or by nothing.
 SNIPPET = """
 import json
 SHIM
@@ -64,8 +64,12 @@ def fixed_release() -> None:
 
 
 def _load(shim: bool) -> tuple[dict, str]:
+    """A warm child; with the shim, a fresh interpreter (the shim must act
+    before vLLM's platform is resolved)."""
     return run_snippet(
-        SNIPPET.replace("SHIM", SHIM if shim else ""), VLLM_CAPTURE_GUARD="on"
+        SNIPPET.replace("SHIM", SHIM if shim else ""),
+        fresh=shim,
+        VLLM_CAPTURE_GUARD="on",
     )
 
 

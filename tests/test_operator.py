@@ -36,8 +36,10 @@ DEFAULTS = dict(
 )
 
 
-def _cli(*args: str, **env: str | None):
-    return run_fresh(["-m", "vllm_capture_guard", *args], **{**DEFAULTS, **env})
+def _cli(*args: str, fresh: bool = False, **env: str | None):
+    return run_fresh(
+        ["-m", "vllm_capture_guard", *args], fresh=fresh, **{**DEFAULTS, **env}
+    )
 
 
 def _guard_line(out: str) -> str:
@@ -48,10 +50,10 @@ def _guard_line(out: str) -> str:
 _runs: dict = {}
 
 
-def _cached(*args: str, **env: str | None):
-    key = (args, tuple(sorted(env.items())))
+def _cached(*args: str, fresh: bool = False, **env: str | None):
+    key = (args, fresh, tuple(sorted(env.items())))
     if key not in _runs:
-        _runs[key] = _cli(*args, **env)
+        _runs[key] = _cli(*args, fresh=fresh, **env)
     return _runs[key]
 
 
@@ -113,7 +115,8 @@ def test_guard_line_names_a_missing_entry_point(monkeypatch):
 
 
 def test_no_vllm_log_line_in_checks_default_output():
-    proc = _cached("check", VLLM_CAPTURE_GUARD=None)
+    # fresh: vLLM and torch log at import, which a warm child never repeats
+    proc = _cached("check", fresh=True, VLLM_CAPTURE_GUARD=None)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for stream in (proc.stdout, proc.stderr):
         for line in stream.splitlines():
@@ -193,19 +196,15 @@ def without_minimax_m3(tmp_path_factory):
 
 
 def _in_overlay(env: dict, *args: str):
-    import subprocess
-    import sys
+    """Fresh: these assert that nothing but one line is printed, and vLLM
+    prints at import, which a warm child never repeats."""
+    from tests import warm
 
     for key, value in DEFAULTS.items():
         if value is None:
             env.pop(key, None)
-    return subprocess.run(
-        [sys.executable, "-m", "vllm_capture_guard", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=vv.ROOT,
+    return warm.python(
+        ["-m", "vllm_capture_guard", *args], env, fresh=True, cwd=vv.ROOT
     )
 
 

@@ -3,7 +3,7 @@
 copies of vLLM's attention files).
 
 Each variant (:mod:`tests.variants`) is derived from the installed vLLM at test
-time and imported in front of it by a fresh interpreter. For each one:
+time and imported in front of it by a new process. For each one:
 
 * with ``VLLM_CAPTURE_GUARD=off`` the seed capture sequence must FAIL (exit 1,
   vLLM's own ``assert decode_query_len > 0``): decided by running vLLM's
@@ -17,8 +17,8 @@ time and imported in front of it by a fresh interpreter. For each one:
 CPU ``check`` passes either way; it runs the same sequence on tensors that
 report a CUDA device (:mod:`tests.fake_device`), as a ROCm host would.
 
-Cost: one fresh interpreter per variant and mode (about 15-25 s each, 10 in
-all), plus a 2 s overlay check per variant. On releases whose capture leaves
+Cost: one new process per variant and mode, forked from the warm parent
+(:mod:`tests.warm`), plus an overlay check per variant. On releases whose capture leaves
 the CPU offsets alone (0.29.0 and later) they skip, with the reason.
 """
 
@@ -27,12 +27,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from importlib.metadata import version
 
 import pytest
 
 from tests import variants as vv
+from tests import warm
 from tests.conftest import LOGGING_AS_VLLM_SERVE, guard_lines
 from vllm_capture_guard.tools import harness as sc
 
@@ -75,14 +75,7 @@ def _fresh(dest: str, args: list[str], mode: str) -> subprocess.CompletedProcess
     env["VLLM_CAPTURE_GUARD"] = mode
     env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"  # stdout is the JSON
     env["VLLM_LOGGING_LEVEL"] = "INFO"  # the guard's one line is INFO
-    return subprocess.run(
-        [sys.executable, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=vv.ROOT,
-    )
+    return warm.python(args, env, timeout=600, cwd=vv.ROOT)
 
 
 _checks: dict[tuple[str, str], tuple[dict, int, str]] = {}

@@ -21,9 +21,10 @@ source kept in this repository) and run them in a fresh interpreter:
   whose entries are symlinks to the installed package, except the folders on
   the way to a changed file (real folders, recursively) and the changed file
   itself (a real file). With the overlay first on ``PYTHONPATH``
-  (:func:`overlay_env`) a fresh interpreter imports the modified module in
-  front of the installed one, while ``importlib.metadata.version("vllm")``
-  still reads the installed dist-info (:func:`verify_overlay` checks both).
+  (:func:`overlay_env`) a new process (:mod:`tests.warm`) imports the
+  modified module in front of the installed one, while
+  ``importlib.metadata.version("vllm")`` still reads the installed dist-info
+  (:func:`verify_overlay` checks both).
 
 Entry points for other tools (e.g. an in-tree patcher's tests):
 ``derive(name)`` -> ``{relative path: new text}``, ``VARIANTS`` (name ->
@@ -38,8 +39,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
@@ -539,12 +538,11 @@ def overlay_env(
 
 
 _VERIFY = """
-import importlib.metadata, importlib.util, json, sys, vllm
+import importlib, importlib.metadata, json, sys
 mods = json.loads(sys.argv[1])
 print(json.dumps({
-    "vllm": vllm.__file__,
     "version": importlib.metadata.version("vllm"),
-    "origins": {m: importlib.util.find_spec(m).origin for m in mods},
+    "files": {m: importlib.import_module(m).__file__ for m in mods},
 }))
 """
 
@@ -556,25 +554,21 @@ def module_name(rel: str) -> str:
 def verify_overlay(
     dest: str | os.PathLike, files: Mapping[str, str], expected_version: str
 ) -> dict:
-    """In a fresh interpreter: ``vllm`` and each changed module resolve into
-    the overlay, the changed modules are the derived text, and
+    """In a new process (a warm child, as the tests run the overlay): each
+    changed module imports from the overlay, as the derived text, and
     ``importlib.metadata.version("vllm")`` is still ``expected_version``."""
+    from tests import warm
+
     dest = Path(dest)
     mods = [module_name(rel) for rel in files]
-    proc = subprocess.run(
-        [sys.executable, "-c", _VERIFY, json.dumps(mods)],
-        env=overlay_env(dest),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
+    proc = warm.python(
+        ["-c", _VERIFY, json.dumps(mods)], overlay_env(dest), timeout=300, cwd=ROOT
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert Path(out["vllm"]) == dest / "vllm" / "__init__.py", out
     assert out["version"] == expected_version, out
     for rel in files:
-        origin = Path(out["origins"][module_name(rel)])
+        origin = Path(out["files"][module_name(rel)])
         assert origin == dest / "vllm" / rel, out
         assert not origin.is_symlink()
         assert origin.read_text() == files[rel]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
@@ -90,14 +89,11 @@ def overlay_env(overlay: Path, base: Path, **extra: str | None) -> dict[str, str
 def run_in(
     env: dict[str, str], *args: str, timeout: float = 600, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-    )
+    """``python ARGS`` in a new process with ``env`` (:mod:`tests.warm`: a
+    warm child where the overlay is of the release this process runs)."""
+    from tests import warm
+
+    return warm.python(args, env, timeout=timeout, cwd=cwd)
 
 
 def source_checkout(dest: Path, files: dict[str, bytes]) -> Path:

@@ -143,6 +143,19 @@ def main(argv: list[str] | None = None) -> int:
     return command.main(args.json)
 
 
+class _Stream:
+    """``sys.stdout`` or ``sys.stderr``, whichever it is when written to."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self.name).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self.name).flush()
+
+
 def quiet_vllm(verbose: bool) -> None:
     """Keep vLLM's own log lines out of the result (before vLLM is imported).
 
@@ -161,6 +174,15 @@ def quiet_vllm(verbose: bool) -> None:
     # print its warnings; give it the same level.
     with contextlib.suppress(ValueError, TypeError):
         logging.getLogger("vllm").setLevel(level.upper())
+    # A vLLM imported before the command (a Python session) has configured
+    # its handler already: point it where the variable says, read when it
+    # writes (sys.stderr may be replaced later, as pytest does).
+    name = {"ext://sys.stderr": "stderr", "ext://sys.stdout": "stdout"}.get(
+        os.environ["VLLM_LOGGING_STREAM"]
+    )
+    for handler in logging.getLogger("vllm").handlers:
+        if name is not None and isinstance(handler, logging.StreamHandler):
+            handler.setStream(_Stream(name))
     if not verbose:
         os.environ.setdefault("TORCH_LOGS", "-all")  # torch's deprecation lines
         warnings.filterwarnings("ignore")
