@@ -1,234 +1,456 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Modified vLLM captures that only a guard at use can catch, and the capture
-they must survive: vLLM's real capture sizes, largest first, one builder
-instance per group, the runner's persistent buffers, MiniMax-M3's indexer
-after the attention builder at every size.
+"""Captures that only a guard at use catches, run through vLLM's own V1
+start-up (:mod:`tests.runtime.cpu_runner`: ``profile_cudagraph_memory``,
+``initialize_kv_cache``, ``capture_model`` at every size, a serving-time
+``execute_dummy_batch``), with MiniMax-M3's indexer in the second KV-cache
+group after the case's attention builder.
 
-Every capture here is derived at test time from the installed
-``rocm_attn.py`` (``tests.variants`` does the reading and splicing). Each one
-starts from the *fixed* capture (the installed one, less the
-``query_start_loc_cpu.zero_()`` that 0.27/0.28 have), so the only hazard in
-it is the one the case adds, and it applies on every release.
+Every case's builder is derived at test time from the installed
+``rocm_attn.py`` (``tests.variants`` locates and splices; no vLLM source is
+stored): the ROCm builder class, renamed, with the *fixed* capture (the
+installed one less the ``query_start_loc_cpu.zero_()`` that 0.27/0.28 have)
+plus the one hazard the case adds, so each case applies on every release.
+Its backend subclasses vLLM's ROCm backend and is registered as ``CUSTOM``,
+so the builder is made by vLLM's ``AttentionGroup`` inside its runner. It is
+not a subclass of vLLM's ROCm builder (the last case asks exactly that).
 
-Run in a fresh interpreter (``python -m tests.runtime.at_use CASE``) with the
-overlay first on ``PYTHONPATH``; it prints one JSON line.
+One process per guard mode runs every case, each on a runner of its own
+(``python -m tests.runtime.at_use MODE`` with :func:`write` 's folder first on
+``PYTHONPATH``); it prints one JSON line: per case, each step and the first
+error, and the guard's log lines.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
+import dataclasses
 import json
+import logging
 import sys
 import textwrap
 import types
-from collections.abc import Mapping
+from collections.abc import Callable
+from pathlib import Path
 
 from tests import variants as vv
 
-CPU_ZERO = f"{vv.CPU_FIELD}.zero_()"
-VENDOR = "capture_guard_test_vendor"  # a top-level module in the overlay
+MODULE = "capture_guard_cases"  # the derived builders and backends
+RUNNER_MODULE = "capture_guard_case_runner"  # the vendor runner of one case
+NEUTRAL = "vendor_request_offsets"  # a host field whose name does not say so
 
 
-def _capture(text: str) -> tuple[ast.FunctionDef, str, vv.Editor]:
-    tree = ast.parse(text)
-    fn = vv.find_method(vv.find_class(tree, vv.BUILDER), vv.CAPTURE)
-    return fn, fn.args.args[1].arg, vv.Editor(text)
+@dataclasses.dataclass(frozen=True)
+class Case:
+    doc: str
+    edit: Callable[[str, str], str]  # (class text, metadata arg) -> class text
+    between: str | None = None  # the step before which the affected capture goes on
+    runner: str = "vllm"  # vllm, subclass (no super()), fork (a copied module)
+    device: bool = False  # device fields report a GPU (tests.fake_device)
+    passes_unguarded: bool = False
+    passes_guarded: bool = True
 
 
-def fixed(text: str) -> str:
-    """The installed file with the capture's CPU zeroing removed (0.29.0's
-    shape); unchanged where it is already so."""
-    fn, arg, ed = _capture(text)
-    stmt = vv.zeroing_in(fn.body, arg).get(vv.CPU_FIELD)
+# --- the class text: the fixed capture, then one hazard ------------------------
+
+
+def _capture(text: str) -> ast.FunctionDef:
+    return vv.find_method(ast.parse(text).body[0], vv.CAPTURE)
+
+
+def _fixed(text: str) -> str:
+    fn = _capture(text)
+    stmt = vv.zeroing_in(fn.body, fn.args.args[1].arg).get(vv.CPU_FIELD)
     if stmt is None:
         return text
+    ed = vv.Editor(text)
     ed.replace(stmt.lineno - 1, stmt.end_lineno, "")
     return ed.text()
 
 
-def _after_device_zeroing(text: str, lines: str, top: str = "") -> str:
-    """``lines`` (with ``{cm}`` for the metadata argument) inserted after the
-    fixed capture's device zeroing; ``top`` at the module's top level."""
-    text = fixed(text)
-    fn, arg, ed = _capture(text)
-    stmt = vv.zeroing_in(fn.body, arg)[vv.DEVICE_FIELD]
-    pad = vv.indent_of(ed.lines[stmt.lineno - 1])
-    body = textwrap.indent(textwrap.dedent(lines).format(cm=arg), pad)
-    ed.insert(stmt.end_lineno, body)
-    if top:
-        ed.insert(vv.span(vv.find_class(ast.parse(text), vv.BUILDER))[0], top)
+def _after_device_zeroing(lines: str, top: str = "") -> Callable[[str, str], str]:
+    def edit(text: str, cm: str) -> str:
+        fn = _capture(text)
+        stmt = vv.zeroing_in(fn.body, cm)[vv.DEVICE_FIELD]
+        ed = vv.Editor(text)
+        pad = vv.indent_of(ed.lines[stmt.lineno - 1])
+        ed.insert(stmt.end_lineno, textwrap.indent(textwrap.dedent(lines), pad))
+        return ed.text()
+
+    return edit
+
+
+def _nothing(text: str, cm: str) -> str:
+    return text
+
+
+AFFECTED = None  # set below, once _lines exists
+
+
+def _lines(template: str) -> Callable[[str, str], str]:
+    """Insert ``template`` (``{cm}``: the metadata argument) after the
+    capture's device zeroing."""
+    return lambda text, cm: _after_device_zeroing(template.format(cm=cm))(text, cm)
+
+
+def _alias_in_build(text: str, cm: str) -> str:
+    """``build()`` keeps the shared host offsets in what it returns, under
+    another name; the capture zeroes them there."""
+    cls = ast.parse(text).body[0]
+    build = vv.find_method(cls, "build")
+    arg = build.args.args[2].arg  # (self, common_prefix_len, common_attn_metadata)
+    returns = [n for n in ast.walk(build) if isinstance(n, ast.Return)]
+    ed = vv.Editor(text)
+    for ret in returns:
+        pad = vv.indent_of(ed.lines[ret.lineno - 1])
+        value = ast.get_source_segment(text, ret.value)
+        ed.replace(
+            ret.lineno - 1,
+            ret.end_lineno,
+            f"{pad}_vendor = {value}\n"
+            f"{pad}_vendor.host_offsets = {arg}.query_start_loc_cpu\n"
+            f"{pad}return _vendor\n",
+        )
+    text = ed.text()
+    fn = _capture(text)
+    built = next(
+        s.targets[0].id
+        for s in fn.body
+        if isinstance(s, ast.Assign) and "self.build" in ast.unparse(s.value)
+    )
+    return _after_device_zeroing(f"{built}.host_offsets.zero_()\n")(text, cm)
+
+
+def _per_instance(text: str, cm: str) -> str:
+    """``__init__`` binds the instance's capture to a method of its own (as
+    vLLM's ``CustomOp`` binds its forward); the class's capture is fixed."""
+    affected = AFFECTED(text, cm)
+    method = vv.Editor(affected).segment(_capture(affected))
+    method = method.replace(f"def {vv.CAPTURE}(", "def _vendor_capture(", 1)
+    init = vv.find_method(ast.parse(text).body[0], "__init__")
+    ed = vv.Editor(text)
+    pad = vv.indent_of(ed.lines[init.body[0].lineno - 1])
+    bind = f"{pad}self.{vv.CAPTURE} = self._vendor_capture\n\n"
+    ed.insert(init.end_lineno, bind + method)
     return ed.text()
 
 
-def batch_dependent(text: str) -> str:
-    """Writes the host offsets only for large batches."""
-    return _after_device_zeroing(
-        text, "if {cm}.num_reqs >= 256:\n    {cm}.query_start_loc_cpu.zero_()\n"
-    )
+AFFECTED = _lines("{cm}.query_start_loc_cpu.zero_()\n")
 
-
-def stateful(text: str) -> str:
-    """Writes the host offsets from its second call on one builder on."""
-    return _after_device_zeroing(
-        text,
-        'self._vendor_calls = getattr(self, "_vendor_calls", 0) + 1\n'
-        "if self._vendor_calls > 1:\n    {cm}.query_start_loc_cpu.zero_()\n",
-    )
-
-
-def first_call_workspace(text: str) -> str:
-    """Sizes a module-level workspace on its first call (fine when the first
-    call is vLLM's largest size; a made-up small first call breaks it)."""
-    text = _after_device_zeroing(
-        text,
-        "if _VENDOR_WORKSPACE is None:\n"
-        "    _VENDOR_WORKSPACE = {cm}.query_start_loc.new_zeros({cm}.num_reqs + 1)\n"
-        "_VENDOR_WORKSPACE.narrow(0, 0, {cm}.num_reqs + 1).copy_(\n"
-        "    {cm}.query_start_loc[: {cm}.num_reqs + 1]\n)\n",
-        top="_VENDOR_WORKSPACE = None\n\n\n",
-    )
-    fn, _, ed = _capture(text)  # a global statement comes first in the body
-    first = fn.body[0]
-    pad = vv.indent_of(ed.lines[first.lineno - 1])
-    ed.insert(first.lineno - 1, f"{pad}global _VENDOR_WORKSPACE\n")
-    return ed.text()
-
-
-def other_host_field(text: str) -> str:
-    """Sets the host upper bound of the sequence lengths to 1, as the capture
-    does to the device ``seq_lens``."""
-    return _after_device_zeroing(text, "{cm}.seq_lens_cpu_upper_bound.fill_(1)\n")
-
-
-def affected(text: str) -> str:
-    """The capture as 0.27/0.28 have it: device and host offsets zeroed."""
-    return _after_device_zeroing(text, "{cm}.query_start_loc_cpu.zero_()\n")
-
-
-def in_tree(text: str) -> str:
-    """The file as ``vllm-capture-guard patch --apply`` writes it (the
-    installed one where there is nothing to do)."""
-    from vllm_capture_guard.tools.tree.locate import find_tree
-    from vllm_capture_guard.tools.tree.plan import make_plan
-
-    plan = make_plan(find_tree(vv.installed_vllm_dir()))
-    assert not plan.refused, plan.refused
-    new = plan.new.get(vv.ROCM_ATTN)
-    return text if new is None else new.decode()
-
-
-def vendor_module(text: str, how: str) -> str:
-    """A vendor module, derived from ``text``'s capture made affected:
-    ``put-back`` sets it on vLLM's ROCm builder; ``custom`` defines a
-    subclass of the builder and a backend, registered as ``CUSTOM``."""
-    fn, _, ed = _capture(affected(text))
-    method = textwrap.dedent(ed.segment(fn))
-    head = (
-        "from __future__ import annotations\n\n"
-        f"from {vv.ROCM_MODULE} import *  # noqa: F403\n"
-        f"from {vv.ROCM_MODULE} import {vv.BUILDER}, {vv.BACKEND}\n\n\n"
-    )
-    if how == "put-back":
-        return head + method + f"\n\n{vv.BUILDER}.{vv.CAPTURE} = {vv.CAPTURE}\n"
-    return (
-        head
-        + f"class VendorBuilder({vv.BUILDER}):\n"
-        + textwrap.indent(method, "    ")
-        + f"\n\nclass VendorBackend({vv.BACKEND}):\n"
-        + "    @staticmethod\n"
-        + "    def get_builder_cls():\n        return VendorBuilder\n\n\n"
-        + "from vllm.v1.attention.backends.registry import (  # noqa: E402\n"
-        + "    AttentionBackendEnum,\n    register_backend,\n)\n\n"
-        + f"register_backend(AttentionBackendEnum.CUSTOM, '{VENDOR}.VendorBackend')\n"
-    )
-
-
-#: case -> (what happens to rocm_attn.py, the vendor module if any, the
-#: backend that captures, what happens between import and capture)
-CASES = {
-    "batch-dependent": (batch_dependent, None, "ROCM_ATTN", None),
-    "stateful": (stateful, None, "ROCM_ATTN", None),
-    "first-call-workspace": (first_call_workspace, None, "ROCM_ATTN", None),
-    "other-host-field": (other_host_field, None, "ROCM_ATTN", None),
-    "put-back": (fixed, "put-back", "ROCM_ATTN", "import-vendor"),
-    "late-reload": (affected, None, "ROCM_ATTN", "reload"),
-    "custom-subclass": (in_tree, "custom", "CUSTOM", "import-vendor"),
+CASES: dict[str, Case] = {
+    "batch-dependent": Case(
+        "writes the host offsets only at 256 requests and more",
+        _lines("if {cm}.num_reqs >= 256:\n    {cm}.query_start_loc_cpu.zero_()\n"),
+    ),
+    "stateful": Case(
+        "writes the host offsets from its second call on one builder on",
+        _lines(
+            'self._vendor_calls = getattr(self, "_vendor_calls", 0) + 1\n'
+            "if self._vendor_calls > 1:\n    {cm}.query_start_loc_cpu.zero_()\n"
+        ),
+    ),  # fmt: skip
+    "first-call-workspace": Case(
+        "sizes a workspace on its first call (vLLM's largest size): fine both ways",
+        _lines(
+            "if getattr(self, '_vendor_ws', None) is None:\n"
+            "    self._vendor_ws = {cm}.query_start_loc.new_zeros({cm}.num_reqs + 1)\n"
+            "self._vendor_ws.narrow(0, 0, {cm}.num_reqs + 1).copy_(\n"
+            "    {cm}.query_start_loc[: {cm}.num_reqs + 1]\n)\n"
+        ),
+        passes_unguarded=True,
+    ),  # fmt: skip
+    "other-host-field": Case(
+        "sets the host upper bound of the sequence lengths to 1",
+        _lines(
+            "{cm}.seq_lens_cpu_upper_bound.fill_(1)\n{cm}.query_start_loc_cpu.zero_()\n"
+        ),
+    ),  # fmt: skip
+    "neutral-host-field": Case(
+        "a vendor runner hands a host view of the offsets under a neutral name, "
+        "which the capture zeroes (device fields on a GPU)",
+        _lines(f"{{cm}}.{NEUTRAL}.zero_()\n"),
+        runner="fork",
+        device=True,
+    ),
+    "neutral-host-field-on-a-cpu-host": Case(
+        "the same, with every field on the CPU: names decide there, and this "
+        "name does not say host (the guard's documented limit off an accelerator)",
+        _lines(f"{{cm}}.{NEUTRAL}.zero_()\n"),
+        runner="fork",
+        passes_guarded=False,
+    ),
+    "alias-in-build": Case(
+        "build() keeps the shared host offsets under another name; the capture "
+        "zeroes them there",
+        _alias_in_build,
+    ),
+    "per-instance": Case(
+        "__init__ binds the capture per instance to one that zeroes the offsets",
+        _per_instance,
+    ),
+    "made-late": Case(
+        "the backend makes its builder class, with the zeroing capture, on its "
+        "first get_builder_cls() call (inside profile_cudagraph_memory)",
+        _nothing,
+        between="made-late",
+    ),
+    "runner-subclass": Case(
+        "a runner subclass whose capture entries do not call super(); the "
+        "zeroing capture put back on the class after import",
+        _nothing,
+        between="profile_cudagraph_memory",
+        runner="subclass",
+    ),
+    "dummy-batch": Case(
+        "the zeroing capture put back on the class while serving, before an idle "
+        "data-parallel rank's execute_dummy_batch",
+        _nothing,
+        between="execute_dummy_batch",
+    ),
+    "unrelated-builder": Case(
+        "a builder class that is not derived from vLLM's ROCm builder, with the "
+        "capture of vLLM 0.27/0.28 (as a new ROCm backend in review upstream)",
+        AFFECTED,
+    ),
 }
 
 
-def derive(case: str, installed: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``{path under the overlay: text}``: a changed ``vllm/...`` file and, for
-    some cases, the vendor module beside the ``vllm`` package."""
-    src = vv.Installed() if installed is None else installed
-    change, vendor, _, _ = CASES[case]
-    text = src[vv.ROCM_ATTN]
-    vv.rocm_capture(affected(text))  # the installed file is shaped as expected
-    out = {vv.ROCM_ATTN: vv._marked(change(text), case)}
-    if vendor:
-        out[f"../{VENDOR}.py"] = vendor_module(text, vendor)
+def _camel(case: str) -> str:
+    return "".join(p.capitalize() for p in case.split("-"))
+
+
+def _classes(src: str, case: str) -> str:
+    """The case's builder, its affected twin (whose capture a put-back uses)
+    and its backend."""
+    cls = vv.find_class(ast.parse(src), vv.BUILDER)
+    text = _fixed(vv.Editor(src).segment(cls))
+    cm = _capture(text).args.args[1].arg
+    if vv.DEVICE_FIELD not in vv.zeroing_in(_capture(text).body, cm):
+        raise vv.VariantMismatch(f"{vv.BUILDER}'s capture no longer zeroes the offsets")
+    name = f"Case{_camel(case)}Builder"
+    head = f"class {vv.BUILDER}("
+    built = CASES[case].edit(text, cm).replace(head, f"class {name}(", 1)
+    twin = AFFECTED(text, cm).replace(head, f"class {name}Affected(", 1)
+    made = f"_late_builder({name}, {name}Affected)" if case == "made-late" else name
+    backend = (
+        f"class Case{_camel(case)}Backend({vv.BACKEND}):\n"
+        f"    @staticmethod\n    def get_builder_cls():\n        return {made}\n"
+    )
+    return "\n\n".join([built, twin, backend]) + "\n"
+
+
+_LATE = '''
+_LATE = {}
+
+
+def _late_builder(base, affected):
+    """A class defined on the first call, whose capture zeroes the offsets."""
+    if base not in _LATE:
+        capture = affected.__dict__["build_for_cudagraph_capture"]
+        _LATE[base] = type(base.__name__ + "Late", (base,),
+                           {"build_for_cudagraph_capture": capture})
+    return _LATE[base]
+'''
+
+
+def derive(installed: vv.Installed | None = None) -> dict[str, str]:
+    """``{file name: text}`` for the folder that goes first on
+    ``PYTHONPATH``: the cases' module, and the vendor runner."""
+    src = installed or vv.Installed()
+    head = (
+        "# Derived at test time from the installed vLLM (tests/runtime/at_use.py)\n"
+        "from __future__ import annotations\n\n"
+        f"from {vv.ROCM_MODULE} import *  # noqa: F403\n"
+        f"from {vv.ROCM_MODULE} import {vv.BACKEND}\n"
+    )
+    body = [_classes(src[vv.ROCM_ATTN], case) for case in CASES]
+    out = {f"{MODULE}.py": head + _LATE + "\n\n" + "\n\n".join(body)}
+    out[f"{RUNNER_MODULE}.py"] = vendor_runner(src["v1/worker/gpu_model_runner.py"])
+    for name, code in out.items():
+        compile(code, name, "exec")
     return out
 
 
-# --- in the fresh interpreter -------------------------------------------------
-
-
-def enter_capture() -> None:
-    """Call vLLM's own capture entry, V1's ``GPUModelRunner.capture_model``, on
-    a runner whose graphs are off: vLLM returns at once, after whatever the
-    guard does at that entry."""
-    from vllm.config import CUDAGraphMode
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    compilation = types.SimpleNamespace(cudagraph_mode=CUDAGraphMode.NONE)
-    runner = types.SimpleNamespace(compilation_config=compilation)
-    assert GPUModelRunner.capture_model(runner) == 0
-
-
-def run(case: str, entry: bool = True) -> dict:
-    import vllm.plugins
-
-    from vllm_capture_guard.tools import harness
-    from vllm_capture_guard.tools.contract import CPU
-
-    vllm.plugins.load_general_plugins()  # as every vLLM process does
-    # A worker imports its model runner before the model's backends: every
-    # hooked import happens before what the case changes, so only the capture
-    # entry can see that change.
-    import vllm.v1.worker.gpu_model_runner  # noqa: F401
-
-    from vllm_capture_guard.tools.harness.sizes import capture_batches, run_sizes
-
-    config = harness.make_vllm_config(0, graphs=True)  # vLLM's own sizes
-    batches = capture_batches(config)
-    _, _, backend, between = CASES[case]
-    harness.backend_class("ROCM_ATTN")  # vLLM imports the backend module
-    if between == "reload":
-        importlib.reload(sys.modules[vv.ROCM_MODULE])
-    elif between == "import-vendor":
-        importlib.import_module(VENDOR)
-    builders = [
-        ("attention", harness.attention_builder(backend, config)),
-        ("indexer", harness.indexer_builder(config)),
-    ]
-    if entry:
-        enter_capture()
-    failures = []
-    for batch, run in zip(batches, run_sizes(builders, batches).runs, strict=True):
-        host = [w.field for g in run.groups for w in g.writes if w.side == CPU]
-        if run.failed or host:
-            error = run.failed.error if run.failed else None
-            failures.append(
-                {"size": batch.num_reqs, "error": error, "host_writes": host}
+def vendor_runner(text: str) -> str:
+    """vLLM's ``gpu_model_runner.py`` as a vendor's fork: its relative imports
+    made absolute, and the shared metadata given a host view of the query
+    offsets under a neutral name, right after the runner makes it."""
+    tree = ast.parse(text)
+    ed = vv.Editor(text)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            line = ed.lines[node.lineno - 1]
+            ed.replace(
+                node.lineno - 1,
+                node.lineno,
+                line.replace("from .", "from vllm.v1.worker.", 1),
             )
-    sizes = [b.num_reqs for b in batches]
+    made = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        and isinstance(n.value, ast.Call)
+        and ast.unparse(n.value.func) == "CommonAttentionMetadata"
+        and any(k.arg == vv.CPU_FIELD for k in n.value.keywords)
+    ]
+    if len(made) != 1:
+        raise vv.VariantMismatch("the runner makes no one CommonAttentionMetadata")
+    stmt = made[0]
+    view = next(k.value for k in stmt.value.keywords if k.arg == vv.CPU_FIELD)
+    target = ast.unparse(stmt.targets[0])
+    pad = vv.indent_of(ed.lines[stmt.lineno - 1])
+    ed.insert(
+        stmt.end_lineno,
+        f"{pad}{target}.{NEUTRAL} = {ast.get_source_segment(text, view)}\n",
+    )
+    return ed.text()
+
+
+def write(dest: Path) -> Path:
+    for name, text in derive().items():
+        (dest / name).write_text(text)
+    return dest
+
+
+# --- in the process that runs the cases -------------------------------------
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "vllm-capture-guard" in message:
+            self.lines.append(f"{record.levelname} {message}")
+
+
+def _runner_class(kind: str) -> type:
+    from vllm.v1.worker import gpu_model_runner
+
+    base = gpu_model_runner.GPUModelRunner
+    if kind == "fork":
+        import importlib
+
+        return importlib.import_module(RUNNER_MODULE).GPUModelRunner
+    if kind == "subclass":
+        own = {
+            name: types.FunctionType(
+                fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__
+            )
+            for name in ("profile_cudagraph_memory", "capture_model")
+            for fn in [base.__dict__[name]]
+        }
+        return type("VendorModelRunner", (base,), own)
+    return base
+
+
+def _on_device(runner) -> None:  # noqa: ANN001
+    """Every device buffer of the runner reports a GPU (data stays on the
+    CPU, tests.fake_device), as on a ROCm host."""
+    import torch
+    from vllm.v1.utils import CpuGpuBuffer
+
+    from tests.fake_device import DeviceTensor
+
+    holders = [runner, getattr(runner, "input_batch", None)]
+    block_table = getattr(holders[1], "block_table", None)
+    holders += list(getattr(block_table, "block_tables", []) or [])
+    for holder in holders:
+        for name, value in list(vars(holder or object()).items()):
+            if isinstance(value, CpuGpuBuffer) and value.gpu is not value.cpu:
+                value.gpu = value.gpu.as_subclass(DeviceTensor)
+            elif (
+                isinstance(value, torch.Tensor)
+                and not isinstance(value, DeviceTensor)
+                and "cpu" not in name
+                and holder is runner
+                and name in ("seq_lens", "positions")
+            ):
+                setattr(holder, name, value.as_subclass(DeviceTensor))
+
+
+def run_case(case: str, log: _Lines) -> dict:
+    from vllm.v1.attention.backends.registry import (
+        AttentionBackendEnum,
+        register_backend,
+    )
+
+    from tests.runtime import cpu_runner
+
+    spec = CASES[case]
+    module = __import__(MODULE)
+    builder = getattr(module, f"Case{_camel(case)}Builder")
+    backend = getattr(module, f"Case{_camel(case)}Backend")
+    register_backend(AttentionBackendEnum.CUSTOM, f"{MODULE}.{backend.__name__}")
+    affected = getattr(module, f"{builder.__name__}Affected").__dict__[vv.CAPTURE]
+    start = len(log.lines)
+    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as guard
+
+    before = {n: s["calls"] for n, s in guard.SEEN.items()}
+    config = cpu_runner.make_config("CUSTOM")
+    runner = cpu_runner.make_runner(config, backend, _runner_class(spec.runner))
+
+    def between(step: str) -> None:
+        if spec.device:
+            _on_device(runner)
+        if step == spec.between:
+            setattr(builder, vv.CAPTURE, affected)  # put back on the class
+
+    if spec.device:
+        initialize = runner.initialize_kv_cache
+
+        def initialize_kv_cache(*args, **kwargs):  # noqa: ANN002, ANN003
+            done = initialize(*args, **kwargs)
+            _on_device(runner)
+            return done
+
+        runner.initialize_kv_cache = initialize_kv_cache
+    steps = cpu_runner.start_up(runner, between)
+    made = {
+        type(b).__name__
+        for groups in runner.attn_groups
+        for g in groups
+        for b in g.metadata_builders
+    }
     return {
-        "sizes": len(sizes),
-        "largest": sizes[0],
-        "builder": type(builders[0][1]).__name__,
-        "failures": failures,
+        "steps": [dataclasses.asdict(s) for s in steps],
+        "builders": sorted(made),
+        "calls": {
+            n: s["calls"] - before.get(n, 0) for n, s in guard.SEEN.items() if n in made
+        },
+        "log": log.lines[start:],
+        "device": spec.device and type(runner.query_start_loc.gpu).__name__,
     }
 
 
+def main() -> dict:
+    import gc
+    import os
+
+    import vllm.plugins
+
+    vllm.plugins.load_general_plugins()  # as every vLLM process does
+    import vllm.v1.worker.gpu_model_runner  # noqa: F401  (a worker's first import)
+
+    from tests.runtime import cpu_runner
+
+    cpu_runner.stub_gpu_leaves()
+    # vLLM runs a full garbage collection around every capture phase (0.5 s
+    # each over torch's and vLLM's objects); what is imported by now is frozen
+    # out of them, and vLLM's own switch keeps it so (it would unfreeze).
+    gc.collect()
+    gc.freeze()
+    os.environ["VLLM_ENABLE_CUDAGRAPH_GC"] = "1"
+    log = _Lines()
+    logging.getLogger("vllm").addHandler(log)
+    from vllm_capture_guard.tools.harness.sizes import capture_batches
+
+    found = {case: run_case(case, log) for case in CASES}
+    sizes = len(capture_batches(cpu_runner.make_config("CUSTOM")))
+    return {"sizes": sizes, "cases": found}
+
+
 if __name__ == "__main__":
-    print(json.dumps(run(sys.argv[1], entry="no-entry" not in sys.argv[2:])))
+    print(json.dumps(main()))
+    sys.stdout.flush()

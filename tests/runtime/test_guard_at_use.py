@@ -1,86 +1,105 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The guard at use, on modified vLLM files derived at test time
-(``tests/runtime/at_use.py``), at vLLM's real capture sizes (51 sizes, 512
-down to 1, one builder instance per group, the runner's buffers, MiniMax-M3's
-indexer after every attention capture).
+"""The guard at use, on captures derived at test time
+(:mod:`tests.runtime.at_use`), through vLLM's own V1 start-up on the CPU
+(:mod:`tests.runtime.cpu_runner`): ``profile_cudagraph_memory`` (builders made
+inside it), ``initialize_kv_cache``, ``capture_model`` at every size vLLM
+derives (51, 512 down to 1), and a serving-time ``execute_dummy_batch``, with
+MiniMax-M3's indexer in the other KV-cache group.
 
-Each case runs in fresh interpreters, loaded through vLLM's plugin loader:
-with the guard off the capture must fail (a host field changed, or the
-indexer's assertion), with it on it must pass. The cases that change vLLM
-after the import also run with the guard on but without vLLM's capture entry
-(``GPUModelRunner.capture_model``): they must fail there, which shows that the
-re-check at that entry is what saves them. A capture that sizes a workspace on
-its first call must pass both ways: the guard runs nothing of vLLM's."""
+Two processes, loaded through vLLM's plugin loader, run every case: with the
+guard off each case must fail as vLLM fails (the indexer's ``assert
+decode_query_len > 0``, at the step where the hazard reaches it), with it on
+it must get through every step, its builder captured at every size, and the
+guard must say once what the capture wrote. A capture that sizes a workspace
+on its first call passes both ways: the guard runs nothing of vLLM's. A host
+field with a neutral name is kept where the device fields are on a GPU, and
+(documented) not where everything is on the CPU.
+
+Stubs, in those processes only (``cpu_runner``): streams and events, device
+synchronisation, memory queries, compute-unit count, pinned host memory and
+the model's forward.
+"""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests import variants as vv
+from tests import warm
+from tests.conftest import fresh_env
 from tests.runtime import at_use
 
-AFTER_IMPORT = ("put-back", "late-reload", "custom-subclass")
+INDEXER = "vllm/models/minimax_m3/common/indexer.py:"
+STEPS = ["profile_cudagraph_memory", "initialize_kv_cache", "capture_model",
+         "execute_dummy_batch"]  # fmt: skip
+#: Where the hazard first reaches the indexer with the guard off.
+FAILS_AT = {"dummy-batch": "execute_dummy_batch"}
 
 
 @pytest.fixture(scope="module")
-def installed_version() -> str:
-    from importlib.metadata import version
-
-    return version("vllm")
-
-
-def _overlay(case: str, dest) -> None:  # noqa: ANN001
-    files = at_use.derive(case)
-    vllm_files = {k: v for k, v in files.items() if not k.startswith("../")}
-    vv.make_overlay(vllm_files, dest)
-    for rel, text in files.items():
-        if rel.startswith("../"):
-            (dest / rel[3:]).write_text(text)
-
-
-def _runs(case: str, dest, modes: list[str]) -> dict[str, dict]:  # noqa: ANN001
-    """Run the case once per mode, two interpreters at a time."""
-    procs = {}
-    for mode in modes:
-        env = vv.overlay_env(dest)
-        env["VLLM_CAPTURE_GUARD"] = "off" if mode == "off" else "on"
-        extra = ["no-entry"] if mode == "no-entry" else []
-        procs[mode] = subprocess.Popen(
-            [sys.executable, "-m", "tests.runtime.at_use", case, *extra],
-            env=env,
+def runs(tmp_path_factory) -> dict:
+    folder = at_use.write(tmp_path_factory.mktemp("at-use"))
+    handles = {
+        mode: warm.start(
+            ["-m", "tests.runtime.at_use"],
+            fresh_env(
+                PYTHONPATH=f"{folder}:{vv.ROOT}",
+                VLLM_CAPTURE_GUARD=mode,
+                VLLM_LOGGING_LEVEL="INFO",
+            ),
             cwd=vv.ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
         )
+        for mode in ("off", "on")
+    }
     out = {}
-    for mode, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=900)
-        assert proc.returncode == 0, (mode, stderr[-3000:])
-        out[mode] = json.loads(stdout.strip().splitlines()[-1])
-        out[mode]["log"] = stderr
+    for mode, handle in handles.items():
+        proc = handle.wait(900)
+        assert proc.returncode == 0, (mode, proc.stderr[-4000:])
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
     return out
 
 
-@pytest.mark.slow
+def _failed(run: dict) -> dict | None:
+    return next((s for s in run["steps"] if s["error"]), None)
+
+
 @pytest.mark.parametrize("case", list(at_use.CASES))
-def test_case_at_vllms_capture_sizes(case, tmp_path):
-    _overlay(case, tmp_path)
-    modes = ["off", "on"] + (["no-entry"] if case in AFTER_IMPORT else [])
-    runs = _runs(case, tmp_path, modes)
-    for run in runs.values():
-        assert run["sizes"] >= 50 and run["largest"] == 512, run
-    on = runs["on"]
-    assert on["failures"] == [], on["failures"][:2]
-    if case == "first-call-workspace":
-        assert runs["off"]["failures"] == []
+def test_case_through_vllms_start_up(case, runs):
+    spec = at_use.CASES[case]
+    off, on = runs["off"]["cases"][case], runs["on"]["cases"][case]
+    sizes = runs["on"]["sizes"]
+    assert sizes == 51, sizes  # vLLM's own capture sizes, 512 down to 1
+    failed = _failed(off)
+    if spec.passes_unguarded:
+        assert failed is None, failed
+    else:
+        assert failed is not None, f"{case}: the unguarded start-up did not fail"
+        assert failed["name"] == FAILS_AT.get(case, STEPS[0]), failed
+        assert failed["error"] == "AssertionError", failed
+        assert failed["site"].startswith(INDEXER), failed
+    if not spec.passes_guarded:
+        assert _failed(on) is not None, f"{case}: passed where it should not"
         return
-    off = runs["off"]["failures"]
-    assert off, f"{case}: the unguarded capture did not fail"
-    assert all(f["error"] or f["host_writes"] for f in off)
-    if case in AFTER_IMPORT:
-        assert runs["no-entry"]["failures"], "passed without the capture entry"
+    assert _failed(on) is None, _failed(on)
+    assert [s["name"] for s in on["steps"]] == STEPS
+    builder = next(b for b in on["builders"] if b.startswith("Case"))
+    # profiling's two sizes, capture_model's 51, the dummy batch
+    assert on["calls"][builder] == 2 + sizes + 1, on["calls"]
+    assert spec.device is False or on["device"] == "DeviceTensor"
+    said = [line for line in on["log"] if line.startswith("INFO ") and builder in line]
+    assert not [line for line in on["log"] if "not needed" in line]
+    if spec.passes_unguarded:
+        assert said == [
+            f"INFO vllm-capture-guard: {builder}'s capture, watched: it wrote no "
+            "shared host value (size 512)"
+        ], on["log"]
+    else:
+        wrote = [line for line in said if "'s capture wrote " in line]
+        assert len(wrote) == 1, on["log"]
+        assert wrote[0].endswith(
+            "; kept from the other builders (backport of PR #51585)"
+        ), wrote
+        field = at_use.NEUTRAL if "neutral" in case else vv.CPU_FIELD
+        assert f"wrote {field}" in wrote[0], wrote

@@ -203,22 +203,22 @@ def test_revert_stops_pending_hooks(fresh_plugin, unpatched, zeroes_cpu_offsets)
 def test_unrecognisable_backend_module_is_failed_not_not_needed(
     monkeypatch, fresh_plugin, unpatched
 ):
-    """A vLLM whose ROCm backend module no longer has the classes we know:
-    the report says failed, with one WARNING, never "not needed"."""
-    from vllm.v1.attention.backends import rocm_attn
+    """A vLLM whose ROCm backend modules no longer have the classes we know:
+    the host guard still guards every builder (it needs no class of them),
+    the AITER backport says failed, with one WARNING, and nothing says "not
+    needed"."""
+    from vllm.v1.attention.backends import rocm_aiter_unified_attn, rocm_attn
 
     monkeypatch.delattr(rocm_attn, "RocmAttentionMetadataBuilder")
-    monkeypatch.delattr(rocm_attn, "RocmAttentionBackend")
-    # nor does any other module name a ROCm builder
-    monkeypatch.delitem(
-        sys.modules, "vllm.v1.attention.backends.rocm_aiter_unified_attn", raising=False
-    )
-    monkeypatch.setenv(switch.DISABLE_ENV, "rocm-aiter-unified-builder")
+    monkeypatch.delattr(rocm_aiter_unified_attn, "RocmAiterUnifiedAttentionBackend")
     plugin.register()
     report = plugin.report()
     assert report.action == "failed", report.message
+    assert "not needed" not in report.message
+    assert report.outcomes["rocm-attn-cpu-offsets"].status.value == "patched"
     warnings = [r for r in fresh_plugin.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "rocm-attn-cpu-offsets" in warnings[0].getMessage()
+    assert len(warnings) == 1, [w.getMessage() for w in warnings]
+    assert "rocm-aiter-unified-builder: failed (LookupError" in warnings[0].getMessage()
 
 
 def test_unknown_name_in_disable_warns_with_the_patches(
@@ -236,45 +236,60 @@ def test_unknown_name_in_disable_warns_with_the_patches(
         assert patch.name in warning
 
 
-ENTRY = """
+FACTORY = """
 import json
 import vllm.plugins
-from vllm_capture_guard.runtime import plugin
-from vllm_capture_guard.runtime.patches import is_guarded, original_of
+from vllm_capture_guard.runtime.patches import is_guarded
 vllm.plugins.load_general_plugins()
-import vllm.v1.worker.gpu_model_runner as v1
-import vllm.v1.worker.gpu.model_runner as v2
-r = plugin.report()
-out = {"entries": r.entries if r else None}
-for key, module in (("v1", v1), ("v2", v2)):
-    found = [vars(module.GPUModelRunner)[n]
-             for n in ("profile_cudagraph_memory", "capture_model")]
-    out[key] = all(is_guarded(f) for f in found)
-    out[key + "_original"] = all(
-        original_of(f).__module__ == module.__name__ for f in found)
-print(json.dumps(out))
+import vllm.v1.worker.utils as utils
+make = vars(utils.AttentionGroup)["create_metadata_builders"]
+print(json.dumps({"guarded": is_guarded(make)}))
 """
 
 
-def test_both_runners_check_again_where_they_capture():
-    out, _ = run_snippet(ENTRY, VLLM_CAPTURE_GUARD="on")
-    assert out["v1"] and out["v2"], out
-    assert out["v1_original"] and out["v2_original"]
-    assert sorted(out["entries"]) == [
-        "vllm.v1.worker.gpu.model_runner",
-        "vllm.v1.worker.gpu_model_runner",
-    ]
-    off, _ = run_snippet(ENTRY, VLLM_CAPTURE_GUARD="off")
-    assert not off["v1"] and not off["v2"]
+def test_vllms_builder_factory_is_guarded_where_builders_are_made():
+    """V1, Model Runner V2, the encoder-only state and the proposers all make
+    their builders with ``AttentionGroup.create_metadata_builders``."""
+    on, _ = run_snippet(FACTORY, VLLM_CAPTURE_GUARD="on")
+    assert on["guarded"] is True
+    off, _ = run_snippet(FACTORY, VLLM_CAPTURE_GUARD="off")
+    assert off["guarded"] is False
 
 
-def test_runner_without_capture_entry_warns_once(fresh_plugin, unpatched):
+def test_a_worker_utils_without_the_factory_warns_once(
+    monkeypatch, fresh_plugin, unpatched
+):
     import types
 
+    fake = types.ModuleType("vllm.v1.worker.utils")  # a vendor's, with no factory
+    fake.AttentionGroup = type("AttentionGroup", (), {})
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.utils", fake)
     plugin.register()
-    hook = plugin._guard_entry(logging.getLogger("cg-test"))
-    hook(types.ModuleType("vendor.worker.model_runner"))
-    (warning,) = [r for r in fresh_plugin.records if r.levelno == logging.WARNING]
-    assert "vendor.worker.model_runner has no GPUModelRunner.capture_model" in (
-        warning.getMessage()
-    )
+    plugin.apply_all(logging.getLogger("cg-test"))
+    warnings = [r.getMessage() for r in fresh_plugin.records if r.levelno >= 30]
+    assert len(warnings) == 1, warnings
+    assert "has no AttentionGroup.create_metadata_builders" in warnings[0]
+
+
+def test_a_new_warning_is_logged_whatever_the_status(monkeypatch, fresh_plugin):
+    """An outcome that says nothing new but brings a new WARNING (as a site
+    module imported after the first one can) is still logged."""
+    from vllm_capture_guard.runtime.patches import Outcome, Status
+
+    class Twice(patches_pkg.Patch):
+        name, pr, modules = "twice", "#0", ("vllm.v1.attention.backends.rocm_attn",)
+        done = []
+
+        def apply(self):
+            self.done.append(1)
+            if len(self.done) == 1:
+                return Outcome(self.name, Status.PATCHED, "site A")
+            return Outcome(self.name, Status.ALREADY, "site A", "cannot reach B")
+
+    monkeypatch.setattr(patches_pkg, "PATCHES", (Twice(),))
+    plugin.register()  # the module is imported: applies at once
+    plugin.apply_all(logging.getLogger("cg-test"))
+    plugin.apply_all(logging.getLogger("cg-test"))
+    warnings = [r.getMessage() for r in fresh_plugin.records if r.levelno >= 30]
+    assert warnings == ["vllm-capture-guard: twice: cannot reach B"], warnings
+    assert plugin.report().outcomes["twice"].status is Status.PATCHED

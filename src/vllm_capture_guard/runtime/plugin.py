@@ -3,18 +3,14 @@
 
 vLLM calls :func:`register` in every process it starts. It reads the switches
 and sets post-import hooks; it imports no vLLM attention module and
-initialises no CUDA/HIP. Then every patch applies
+initialises no CUDA/HIP. Every patch then applies the moment vLLM imports a
+module it changes (a process that never imports one, such as the API server,
+pays nothing), and all of them again right before vLLM makes its metadata
+builders (``AttentionGroup.create_metadata_builders``), so that classes
+defined or methods put back since the import are covered before any capture.
 
-* the moment vLLM imports a module it fixes (a process that never imports a
-  ROCm backend, such as the API server, pays nothing), and
-* again right before capture, in the model runner's
-  ``profile_cudagraph_memory`` and ``capture_model`` (V1's and Model Runner
-  V2's): classes defined, methods put back and modules reloaded since the
-  import are guarded before the first graph.
-
-What a patch did is logged once, and again only when it changes: INFO, or a
-WARNING when it fixed code it could not read as fixed, or could not act.
-Nothing here ever raises into vLLM.
+What a patch did is logged once, and again only when it changes; a WARNING
+is never dropped. Nothing here ever raises into vLLM.
 """
 
 from __future__ import annotations
@@ -22,16 +18,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from types import ModuleType
 
 from vllm_capture_guard.runtime import hooks, switch
 
 PREFIX = "vllm-capture-guard"
-#: Where vLLM captures: V1's model runner and Model Runner V2's.
-ENTRIES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
-#: The runner methods that capture: V1 profiles the graphs' memory by
-#: capturing them, before ``capture_model``.
-RUNNER, CAPTURES = "GPUModelRunner", ("profile_cudagraph_memory", "capture_model")
 
 
 @dataclasses.dataclass
@@ -39,15 +29,15 @@ class Report:
     """What the plugin did in this process so far."""
 
     mode: str
-    action: str  # armed, patched, not needed, disabled, skipped or failed
+    action: str  # armed, patched, not needed, incomplete, disabled, skipped, failed
     message: str
     outcomes: dict = dataclasses.field(default_factory=dict)  # name -> Outcome
     failures: list = dataclasses.field(default_factory=list)
-    entries: list = dataclasses.field(default_factory=list)  # guarded runners
 
 
 _report: Report | None = None
 _lock = threading.RLock()
+_warned: set[str] = set()
 
 
 def _patches():  # noqa: ANN202
@@ -88,8 +78,10 @@ def vllm_version() -> str:
 def _summarise(report: Report) -> None:
     s = _patches().Status
     found = {o.status for o in report.outcomes.values()}
-    if report.failures:
+    if report.failures or s.FAILED in found:
         report.action = "failed"
+    elif s.INCOMPLETE in found:
+        report.action = "incomplete"
     elif found & {s.PATCHED, s.ALREADY}:
         report.action = "patched"
     elif found and found <= {s.NOT_NEEDED, s.DISABLED}:
@@ -121,49 +113,25 @@ def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
             except Exception as e:
                 _fail(log, patch.name, e)
                 continue
+            if outcome.status is s.UNAVAILABLE:
+                continue  # nothing imported yet
             before = _report.outcomes.get(patch.name)
-            if outcome.status is s.UNAVAILABLE or (
-                before is not None
-                and (outcome.status is s.ALREADY or outcome == before)
-            ):
-                continue  # nothing imported yet, or nothing new
-            _report.outcomes[patch.name] = outcome
-            _summarise(_report)
-        if outcome.warning:
+            changed = outcome != before and outcome.status is not s.ALREADY
+            new = before is None or changed
+            if new:
+                _report.outcomes[patch.name] = outcome
+                _summarise(_report)
+            warn = bool(outcome.warning) and outcome.warning not in _warned
+            _warned.add(outcome.warning or "")
+        if warn:  # a new warning is never dropped, whatever the status
             log.warning(f"{PREFIX}: {patch.name}: {outcome.warning}{when}")
-        else:
+        elif new:
             log.info(f"{PREFIX}: {outcome} on vLLM {vllm_version()}{when}")
 
 
-def _rechecking(capture_model):  # noqa: ANN001, ANN202
-    def capture_model_(self, *args, **kwargs):
-        try:
-            apply_all(when=" (checked again before capture)")
-        except Exception as e:  # never stop vLLM's capture
-            _fail(_logger(), "check before capture", e)
-        return capture_model(self, *args, **kwargs)
-
-    return capture_model_
-
-
-def _guard_entry(log: logging.Logger):  # noqa: ANN202
-    def hook(module: ModuleType) -> None:
-        cls, patches = getattr(module, RUNNER, None), _patches()
-        found = [n for n in CAPTURES if callable(getattr(cls, n, None))]
-        with _lock:
-            if "capture_model" not in found:
-                log.warning(
-                    f"{PREFIX}: {module.__name__} has no {RUNNER}.capture_model; "
-                    "the guard set at import stands, but is not checked before "
-                    "capture"
-                )
-            for name in found:
-                if not patches.is_guarded(cls.__dict__.get(name)):
-                    patches.wrap_method(cls, name, _rechecking)
-            if found and _report is not None:
-                _report.entries.append(module.__name__)
-
-    return hook
+def watched() -> list[str]:
+    """Every module whose import makes the plugin act."""
+    return sorted({m for p in _patches().PATCHES for m in p.modules})
 
 
 def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
@@ -175,22 +143,16 @@ def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
             why = f"platform is {name}, not ROCm (set {switch.ENV}=on to act anyway)"
             return Report("auto", "skipped", why)
     patches = _patches()
-    unknown = ", ".join(sorted(switch.disabled_patches() - patches.NAMES))
+    unknown = patches.unknown_disabled()
     if unknown:
-        known = ", ".join(sorted(patches.NAMES))
-        log.warning(
-            f"{PREFIX}: {switch.DISABLE_ENV} names no patch: {unknown} "
-            f"(the patches are {known})"
-        )
+        log.warning(f"{PREFIX}: {unknown}")
     global _report
-    _report = Report(mode.value, "armed", "waiting for vLLM to import a backend")
+    _report = Report(mode.value, "armed", "waiting for vLLM to import what it fixes")
     for patch in patches.PATCHES:
         patch.reverted = False  # armed now: a revert() from before does not count
     on_error = lambda name, e: _fail(log, f"hook for {name}", e)  # noqa: E731
-    for name in dict.fromkeys(m for p in patches.PATCHES for m in p.modules):
+    for name in watched():
         hooks.when_imported(name, lambda _m: apply_all(log), on_error)
-    for name in ENTRIES:
-        hooks.when_imported(name, _guard_entry(log), on_error)
     return _report
 
 

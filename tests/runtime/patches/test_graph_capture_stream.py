@@ -7,6 +7,7 @@ affected is decided by running its capture unguarded, never by the patch."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests import capture_sites as cs
 from tests.conftest import guard_lines, run_snippet
@@ -33,18 +34,23 @@ def _functions() -> dict:
             for m, c, n in mod.SITES}  # fmt: skip
 
 
-def test_unguarded_release_as_detected(unguarded, affected):
+def test_unguarded_release_as_read_by_the_tools(unguarded, affected):
     """Each site passes the current stream (fixed) or none at all (the bug);
-    the patch's reading of the source says the same."""
+    the tools' reading of the source says the same; the patch itself goes on
+    every site, whatever the reading."""
+    from vllm_capture_guard.tools import static
+
     for site, found in unguarded.items():
         assert set(found["streams"]) in ({"current"}, {None}), (site, found)
-    assert PATCH.inspect().status is (Status.NEEDED if affected else Status.NOT_NEEDED)
+    read = static.stream_sites()
+    assert len(read) == 3 and all(r.needed is affected for r in read), read
+    assert PATCH.inspect().status is Status.NEEDED
 
 
 @pytest.mark.parametrize("site", cs.SITES)
 def test_guarded_capture_is_on_the_current_stream(site, unguarded, unpatched):
     outcome = PATCH.apply()
-    assert outcome.status in (Status.PATCHED, Status.NOT_NEEDED), outcome
+    assert outcome.status is Status.PATCHED and outcome.warning is None, outcome
     found = cs.summary(cs.record(site))
     assert found["streams"] and set(found["streams"]) == {"current"}, found
     # code called from inside the capture, and another thread meanwhile, see
@@ -53,18 +59,16 @@ def test_guarded_capture_is_on_the_current_stream(site, unguarded, unpatched):
     assert found["inference_mode"] == unguarded[site]["inference_mode"]
 
 
-def test_nothing_changes_on_a_fixed_release(affected, unpatched):
-    if affected:
-        pytest.skip("this vLLM's capture passes no stream")
-    before = _functions()
-    assert PATCH.apply().status is Status.NOT_NEEDED
-    after = _functions()
-    assert all(after[k] is v for k, v in before.items())
+def test_a_fixed_release_captures_as_it_does_unguarded(unguarded, unpatched):
+    """The copy goes on every release; where vLLM passes its stream (0.29.0
+    and later) the guarded capture passes the very same."""
+    PATCH.apply()
+    for site in cs.SITES:
+        found = cs.summary(cs.record(site))
+        assert found["streams"] == ["current"] * len(unguarded[site]["streams"])
 
 
-def test_apply_is_idempotent_and_revert_restores(affected, unpatched):
-    if not affected:
-        pytest.skip("nothing to patch on this vLLM")
+def test_apply_is_idempotent_and_revert_restores(unpatched):
     before = _functions()
     assert PATCH.apply().status is Status.PATCHED
     patched = _functions()
@@ -86,14 +90,17 @@ def test_a_given_stream_is_kept():
     assert recorder.streams == [other, other, cs.STREAM, cs.STREAM]
 
 
-def test_unreadable_source_is_guarded_with_a_warning(unguarded, unpatched, monkeypatch):
+def test_unreadable_source_is_patched_and_incomplete(unguarded, unpatched, monkeypatch):
+    """What it cannot read it cannot vouch for: patched anyway, and the status
+    says incomplete, with a WARNING."""
+
     def unreadable(fn):
         raise OSError("could not get source code")
 
     monkeypatch.setattr(mod.inspect, "getsource", unreadable)
     outcome = PATCH.apply()
-    assert outcome.status is Status.PATCHED
-    assert "cannot read CudaGraphManager.capture" in outcome.warning
+    assert outcome.status is Status.INCOMPLETE
+    assert "CudaGraphManager.capture: its source cannot be read" in outcome.warning
     found = cs.summary(cs.record("capture"))
     assert set(found["streams"]) == {"current"}
 
@@ -128,15 +135,11 @@ def test_loaded_by_vllm_plugin_loader(order, affected):
         assert set(found["streams"]) == {"current"}, (site, found)
     lines = [line for line in guard_lines(logs) if PATCH.name in line]
     assert lines, logs[-3000:]
-    if affected:
-        assert out["same"] == [False] * 3
-        text = " ".join(lines)
-        assert "patched" in text and "WARNING" not in text
-        for name in ("capture", "_capture_budget_graph", "_setup_centroids"):
-            assert f".{name}" in text, text
-    else:
-        assert out["same"] == [True] * 3
-        assert "not needed" in lines[0]
+    assert out["same"] == [False] * 3  # every release: the copy goes on
+    text = " ".join(lines)
+    assert "patched" in text and "WARNING" not in text and "not needed" not in text
+    for name in ("capture", "_capture_budget_graph", "_setup_centroids"):
+        assert f".{name}" in text, text
 
 
 def test_switched_off_by_name(affected):
@@ -153,26 +156,34 @@ def test_switched_off_by_name(affected):
         assert all(None in f["streams"] for f in out["found"].values()), out
 
 
-def _no_stream(self, torch):  # our own small functions: the reader is tested
+def _direct(self):  # our own small functions: what the copy reaches
     with torch.cuda.graph(self.g, self.pool, None):
         pass
-    with torch.cuda.graph(self.g, stream=None):
+
+
+_ALIAS = None
+
+
+def _through_an_attribute(self):
+    with self.capture_graph(self.g):
+        pass
+    with torch.cuda.graphs.graph(self.g):
         pass
 
 
-def _stream(self, torch):
-    with torch.cuda.graph(self.g, stream=self.s):
-        pass
-
-
-def _global(self, torch):
-    global _COUNT
+def _global(self):
+    global _ALIAS
     with torch.cuda.graph(self.g):
-        _COUNT = 1
+        _ALIAS = 1
 
 
-def test_reader_counts_a_none_stream_as_none_and_refuses_globals():
-    assert mod.stream_calls(_no_stream) == [False, False]
-    assert mod.stream_calls(_stream) == [True]
-    with pytest.raises(ValueError, match="globals"):
-        mod.stream_calls(_global)
+def test_what_the_copy_cannot_reach_is_named():
+    assert mod.unreached(_direct) == []
+    found = mod.unreached(_through_an_attribute)
+    assert [f.split(" at ")[0] for f in found] == [
+        "self.capture_graph(...)",
+        "torch.cuda.graphs.graph(...)",
+    ]
+    assert mod.unreached(_global) == [
+        "a global statement (the copy has its own globals)"
+    ]

@@ -191,3 +191,84 @@ def test_backport_capture_writes_no_offsets_at_all(affected):
     assert metadata.seq_lens.tolist() == [1, 1]
     assert common.query_start_loc.method_calls == []
     assert common.query_start_loc_cpu.method_calls == []
+
+
+@pytest.fixture
+def aiter(unpatched):
+    """The AITER unified backend module, where it imports on this host."""
+    try:
+        import vllm.v1.attention.backends.rocm_aiter_unified_attn as module
+    except Exception as e:  # 0.33's asks the GPU for its architecture
+        pytest.skip(f"AITER unified backend unavailable here: {e}")
+    import vllm.v1.worker.utils  # noqa: F401  (where vLLM makes builders)
+
+    return module
+
+
+def _vendor(aiter, builder: type) -> type:
+    """A vendor's CUSTOM backend: a subclass of the AITER unified backend with
+    a get_builder_cls of its own."""
+    return type(
+        "VendorAiterBackend",
+        (aiter.RocmAiterUnifiedAttentionBackend,),
+        {"get_builder_cls": staticmethod(lambda: builder)},
+    )
+
+
+def _offsets_after_capture(backend: type, batch: sc.Batch) -> list[int]:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    spec = FullAttentionSpec(
+        block_size=sc.BLOCK_SIZE, num_kv_heads=1, head_size=sc.HEAD_SIZE,
+        dtype=__import__("torch").bfloat16,
+    )  # fmt: skip
+    builder = sc.group_builder(backend, spec, sc.make_vllm_config(0))
+    run = sc.capture([("attention", builder)], batch)
+    assert run.failed is None, run.failed
+    return run.values("query_start_loc")
+
+
+def test_a_vendor_subclass_of_the_backend_keeps_the_offsets(aiter):
+    """Derived from the installed release: a subclass whose get_builder_cls()
+    returns vLLM's ROCm builder, whose capture zeroes the device offsets the
+    AITER kernel reads at replay; with the backport it leaves them, as
+    0.29.0's own AITER builder does, and says so without a WARNING."""
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
+
+    vendor = _vendor(aiter, RocmAttentionMetadataBuilder)
+    batch = sc.Batch(4)
+    assert _offsets_after_capture(vendor, batch) == [0] * 5  # unguarded: zeroed
+    outcome = PATCH.apply()
+    assert outcome.status is Status.PATCHED and outcome.warning is None, outcome
+    assert "VendorAiterBackend" in outcome.detail
+    own = vendor.get_builder_cls()
+    assert (
+        issubclass(own, RocmAttentionMetadataBuilder) and own.__module__ == mod.__name__
+    )
+    assert _offsets_after_capture(vendor, batch) == batch.offsets()
+    assert pickle.loads(pickle.dumps(own)) is own
+    assert PATCH.revert()
+    assert vendor.get_builder_cls() is RocmAttentionMetadataBuilder
+
+
+def test_a_vendors_own_zeroing_capture_is_replaced_with_one_warning(aiter):
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
+
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        built = self.build(0, common_attn_metadata)
+        common_attn_metadata.query_start_loc.zero_()
+        return built
+
+    builder = type(
+        "VendorAiterBuilder",
+        (RocmAttentionMetadataBuilder,),
+        {"build_for_cudagraph_capture": build_for_cudagraph_capture},
+    )
+    vendor = _vendor(aiter, builder)
+    outcome = PATCH.apply()
+    assert outcome.status is Status.PATCHED
+    assert (
+        "VendorAiterBackend's builder VendorAiterBuilder has a capture of its own"
+        in (outcome.warning or "")
+    ), outcome
+    assert _offsets_after_capture(vendor, sc.Batch(4)) == sc.Batch(4).offsets()

@@ -3,9 +3,9 @@
 What, Symptom, Cause, Upstream, Affected, Detected, How, Delete when.
 
 A :class:`Patch` never imports a vLLM module and never runs vLLM's code to
-learn what it does: it reads the source of what vLLM has imported (``plan``)
-and installs its fix where that is not upstream's fixed shape. ``apply`` is
-idempotent and thread-safe (one lock); wrappers never stack.
+learn what it does: it looks at what vLLM has imported (``plan``) and installs
+its fix there. ``apply`` is idempotent and thread-safe (one lock); wrappers
+never stack.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ class Status(str, enum.Enum):
     NOT_NEEDED = "not needed"
     UNAVAILABLE = "unavailable"
     DISABLED = "disabled"
+    #: installed, but the fix cannot reach all of the code (a WARNING says where)
+    INCOMPLETE = "incomplete"
     FAILED = "failed"
 
     def __str__(self) -> str:
@@ -182,6 +184,16 @@ def _patches() -> tuple[Patch, ...]:
 
 PATCHES: tuple[Patch, ...] = _patches()
 NAMES = frozenset(p.name for p in PATCHES)
+
+
+def unknown_disabled() -> str | None:
+    """What is wrong with ``VLLM_CAPTURE_GUARD_DISABLE``: names that are no
+    patch (the tools say it too), or None."""
+    unknown = ", ".join(sorted(switch.disabled_patches() - NAMES))
+    if not unknown:
+        return None
+    known = ", ".join(sorted(NAMES))
+    return f"{switch.DISABLE_ENV} names no patch: {unknown} (the patches are {known})"
 
 
 def by_name(name: str) -> Patch:

@@ -14,9 +14,9 @@ Symptom:
     current CUDA stream. Call aiter.opus_gemm_workspace_init()``.
 
 Cause:
-    These functions call ``torch.cuda.graph(...)`` with no ``stream=``, so
-    torch captures on its own side stream, not on the one that warm-up ran
-    on; state a kernel keeps per stream is missing there.
+    These functions call ``torch.cuda.graph(...)`` with no stream, so torch
+    captures on its own side stream, not on the one that warm-up ran on;
+    state a kernel keeps per stream is missing there.
 
 Upstream:
     vllm-project/vllm PR #53818, in 0.29.0: ``stream=current_stream()``.
@@ -25,19 +25,25 @@ Affected:
     0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them.
 
 Detected:
-    By reading each imported function's source (through its decorators),
-    never by running it: needed where a ``torch.cuda.graph(...)`` call passes
-    no stream. Unreadable source is guarded, with a WARNING; a function with
-    no such call, or whose ``torch`` is not torch, is left alone, with a
-    WARNING (this patch cannot change how it captures).
+    Not by reading: every site vLLM has imported gets the fix, and the
+    stream is filled in at run time, wherever the caller's is ``None``
+    (omitted, ``None``, or a variable that is ``None`` then). What the fix
+    cannot reach is read from the source, only to say so: a ``graph`` called
+    through anything but ``torch``, ``torch.cuda`` or ``torch.cuda.graph``
+    held in the module's globals (an alias on an attribute, say) makes the
+    status ``incomplete``, with a WARNING.
 
 How:
     The class gets a copy of the function (same code, defaults, closure and
-    decorators) whose globals read its module's live, except ``torch``: a
-    stand-in that forwards everything to torch but ``torch.cuda.graph``, which
-    is torch's own given vLLM's ``current_stream()`` when the caller passed no
-    stream. torch itself is never changed, so no other code, thread or
-    library sees a different ``torch.cuda.graph``.
+    decorators) whose globals read its module's live, except that a global
+    that *is* ``torch``, ``torch.cuda`` or ``torch.cuda.graph`` (whatever its
+    name: ``from torch.cuda import graph as g``) reads as a stand-in whose
+    ``graph`` is torch's own, given vLLM's ``current_stream()`` where the
+    stream is ``None``. torch itself is never changed, so no other code,
+    thread or library sees a different ``torch.cuda.graph``. (Setting torch's
+    ``torch.cuda.graph.default_capture_stream`` during the call would reach
+    any alias too, but it is process-global: another thread's capture would
+    take this thread's stream. The copy is kept to its own call.)
 
 Delete when:
     The oldest vLLM this project supports is 0.29.0 or newer.
@@ -46,6 +52,7 @@ Delete when:
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import inspect
 import sys
@@ -72,7 +79,7 @@ def current_stream() -> Any:
 
 
 def graph(cuda_graph: Any, *args: Any, **kwargs: Any) -> Any:
-    """``torch.cuda.graph``, on the current stream unless one is given."""
+    """``torch.cuda.graph``, on the current stream where the stream is None."""
     if len(args) >= 2 and args[1] is None:
         args = (args[0], current_stream(), *args[2:])
     elif len(args) < 2 and kwargs.get("stream") is None:
@@ -95,43 +102,54 @@ class _Torch:
 
 
 class _Globals(dict):
-    """A module's globals, read live, with ``torch`` read through ``_Torch``."""
+    """A module's globals, read live, with torch, torch.cuda and
+    torch.cuda.graph (under any name) read as the stand-ins."""
 
     def __init__(self, module: dict) -> None:
-        super().__init__(torch=_Torch(), __builtins__=module.get("__builtins__"))
+        super().__init__(__builtins__=module.get("__builtins__"))
         self.module = module
 
     def __missing__(self, key: str) -> Any:
-        return self.module[key]
+        value, torch = self.module[key], sys.modules["torch"]
+        if value is torch:
+            return _Torch()
+        if value is torch.cuda:
+            return _Torch.cuda
+        return graph if value is torch.cuda.graph else value
+
+    def __setitem__(self, key: str, value: Any) -> None:  # globals()[k] = v
+        self.module[key] = value
 
 
-def _given(node: ast.AST | None) -> bool:
-    return node is not None and not (
-        isinstance(node, ast.Constant) and node.value is None
-    )
-
-
-def stream_calls(fn: Any) -> list[bool]:
-    """Does each ``torch.cuda.graph(...)`` call in ``fn`` pass a stream (not
-    ``None``)? Raises ValueError where a copy would not behave as ``fn``:
-    ``global`` statements and ``globals()`` use the copy's own globals."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
-    nodes = list(ast.walk(tree))
-    if any(
-        isinstance(n, ast.Global) or (isinstance(n, ast.Name) and n.id == "globals")
-        for n in nodes
-    ):
-        raise ValueError("it uses its module's globals directly")
-    calls = [
-        n
-        for n in nodes
-        if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.cuda.graph"
-    ]
-    return [
-        _given(c.args[2] if len(c.args) >= 3 else None)
-        or any(k.arg == "stream" and _given(k.value) for k in c.keywords)
-        for c in calls
-    ]
+def unreached(fn: Any) -> list[str]:
+    """The graph captures in ``fn`` (``with <...graph...>(...)``) that the
+    stand-ins do not reach: read from the source to say so, never to leave a
+    site unpatched."""
+    fn = inspect.unwrap(fn)
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    torch, found = sys.modules["torch"], []
+    scope = fn.__globals__
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found.append("a global statement (the copy has its own globals)")
+        calls = [i.context_expr for i in getattr(node, "items", ())]
+        for call in (c for c in calls if isinstance(c, ast.Call)):
+            f, leaf = call.func, ast.unparse(call.func).rsplit(".", 1)[-1]
+            reached = (
+                (isinstance(f, ast.Name) and scope.get(f.id) is torch.cuda.graph)
+                or (
+                    ast.unparse(f) == "torch.cuda.graph" and scope.get("torch") is torch
+                )
+                or (
+                    isinstance(f, ast.Attribute)
+                    and f.attr == "graph"
+                    and isinstance(f.value, ast.Name)
+                    and scope.get(f.value.id) is torch.cuda
+                )
+            )
+            if leaf.lower().endswith("graph") and not reached:
+                found.append(f"{ast.unparse(f)}(...) at line {call.lineno}")
+    return found
 
 
 def _holds(cell: Any, obj: Any) -> bool:
@@ -142,7 +160,7 @@ def _holds(cell: Any, obj: Any) -> bool:
 
 
 def copy_of(fn: Any) -> Any:
-    """``fn`` reading ``torch`` through the stand-in; a decorator's wrapper is
+    """``fn`` reading torch through the stand-ins; a decorator's wrapper is
     copied with the copy of the function it holds in its closure."""
     inner, cells = getattr(fn, "__wrapped__", None), list(fn.__closure__ or ())
     scope: dict = _Globals(fn.__globals__)
@@ -177,43 +195,25 @@ class GraphCaptureStream(base.Patch):
     targets = tuple((m, c) for m, c, _ in SITES)
 
     def plan(self, module: ModuleType) -> base.Outcome:
-        needed, done, warnings = [], [], []
+        todo, done, gaps = [], [], []
         for where, cls, name in _loaded():
             fn = cls.__dict__[name]
             if base.is_guarded(fn):
-                done.append(f"{where} guarded")
-            elif (
-                inspect.unwrap(fn).__globals__.get("torch") is not sys.modules["torch"]
-            ):
-                warnings.append(f"{where}: its `torch` is not torch; unchanged")
-            else:
-                try:
-                    calls = stream_calls(fn)
-                except ValueError as e:
-                    calls = None
-                    warnings.append(f"{where}: {e}; unchanged")
-                except (OSError, TypeError, SyntaxError) as e:
-                    calls = [False]
-                    warnings.append(
-                        f"cannot read {where} ({type(e).__name__}), guarded"
-                    )
-                if calls == []:
-                    warnings.append(f"{where} has no torch.cuda.graph call; unchanged")
-                elif calls is None:
-                    pass
-                elif all(calls):
-                    done.append(f"{where} passes a stream")
-                else:
-                    needed.append((where, cls, name))
-        warning = warnings and "; ".join(warnings) + (
-            f" (backport of PR {self.pr}: capture on the current stream, as 0.29.0)"
+                done.append(where)
+                continue
+            todo.append((where, cls, name))
+            try:
+                gaps += [f"{where}: {g}" for g in unreached(fn)]
+            except (OSError, TypeError, SyntaxError) as e:
+                gaps.append(f"{where}: its source cannot be read ({type(e).__name__})")
+        sites = ", ".join(w for w, _, _ in todo) or ", ".join(done)
+        detail = f"{sites} capture on the current stream where none is given"
+        warning = gaps and (
+            f"patched, but cannot reach {'; '.join(gaps)}: capture there may stay "
+            f"on torch's side stream (backport of PR {self.pr})"
         )
-        detail = "; ".join([f"{w} passes no stream" for w, _, _ in needed] + done)
-        if needed:
-            return base.Outcome(self.name, base.Status.NEEDED, detail, warning, needed)
-        guarded = any(d.endswith(" guarded") for d in done)
-        status = base.Status.ALREADY if guarded else base.Status.NOT_NEEDED
-        return base.Outcome(self.name, status, detail, warning or None)
+        status = base.Status.NEEDED if todo else base.Status.ALREADY
+        return base.Outcome(self.name, status, detail, warning or None, todo)
 
     def install(self, plan: base.Outcome) -> str:
         copies = [
@@ -221,8 +221,13 @@ class GraphCaptureStream(base.Patch):
         ]
         for cls, name, new in copies:  # every copy made before any is set
             setattr(cls, name, new)
-        where = ", ".join(w for w, _, _ in plan.data)
-        return f"{where} capture on the current stream (backport of PR {self.pr})"
+        return plan.detail + f" (backport of PR {self.pr})"
+
+    def apply(self) -> base.Outcome:
+        outcome = super().apply()
+        if outcome.warning and outcome.status is base.Status.PATCHED:
+            return dataclasses.replace(outcome, status=base.Status.INCOMPLETE)
+        return outcome
 
     def uninstall(self) -> bool:
         found = [(c, n, c.__dict__[n]) for _, c, n in _loaded()]

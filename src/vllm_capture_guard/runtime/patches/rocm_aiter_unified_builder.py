@@ -2,8 +2,9 @@
 """ROCM_AITER_UNIFIED_ATTN capture must leave the query offsets alone.
 
 What:
-    ``RocmAiterUnifiedAttentionBackend.get_builder_cls`` in
-    ``vllm.v1.attention.backends.rocm_aiter_unified_attn``.
+    ``get_builder_cls`` of ``RocmAiterUnifiedAttentionBackend`` (in
+    ``vllm.v1.attention.backends.rocm_aiter_unified_attn``) and of every
+    backend class derived from it.
 
 Symptom:
     With the host-metadata fix alone the engine starts, but this backend still
@@ -24,20 +25,20 @@ Affected:
     0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them.
 
 Detected:
-    By reading, never running (:mod:`..shape`): left alone only if the capture
-    of the builder that ``get_builder_cls()`` returns (the vLLM function
-    behind our guard, if any) hands the metadata only to ``self.build`` and
-    touches no ``query_start_loc*`` or host field. Else it gets its own
-    builder; one in doubt, rather than plainly touching the offsets, with a
-    WARNING.
+    By reading (:mod:`..shape`), per backend class: left alone only if the
+    capture of the builder its ``get_builder_cls()`` returns hands the
+    metadata only to ``self.build`` and touches no ``query_start_loc*`` or
+    host field. Anything else gets the upstream builder; one in doubt, or a
+    capture that is not vLLM's own ROCm capture (a vendor's), with a WARNING.
 
 How:
     ``get_builder_cls()`` returns a subclass of what it returned before, named
-    and placed like upstream's (also bound in the backend's module, so code
-    written for 0.29.0 finds it; it pickles by reference to this module). Its
-    capture does what upstream's does: ``self.build(0, metadata)`` (vLLM's own
-    ``build``), returned ``seq_lens`` set to 1, nothing else written. The
-    differential oracle checks this against 0.29.0 field by field.
+    and placed like upstream's (for the base class also bound in the
+    backend's module, so code written for 0.29.0 finds it; it pickles by
+    reference to this module). Its capture does what upstream's does:
+    ``self.build(0, metadata)`` (vLLM's own ``build``), returned ``seq_lens``
+    set to 1, nothing else written. The differential oracle checks this
+    against 0.29.0 field by field.
 
 Delete when:
     The oldest vLLM this project supports is 0.29.0 or newer.
@@ -56,6 +57,7 @@ from vllm_capture_guard.runtime.shape import fixed_shape, is_host_field
 MODULE = "vllm.v1.attention.backends.rocm_aiter_unified_attn"
 BACKEND = "RocmAiterUnifiedAttentionBackend"
 BUILDER = "RocmAiterUnifiedAttentionMetadataBuilder"
+ROCM = ("vllm.v1.attention.backends.rocm_attn", "RocmAttentionMetadataBuilder")
 METHOD = "build_for_cudagraph_capture"
 
 
@@ -63,7 +65,11 @@ def _offsets_or_host(name: str) -> bool:
     return name.startswith("query_start_loc") or is_host_field(name)
 
 
-def _own_builder(parent: type, pr: str) -> type:
+def _builder_name(backend: type) -> str:
+    return BUILDER if backend.__name__ == BACKEND else f"{BUILDER}For{backend.__name__}"
+
+
+def _own_builder(parent: type, name: str, pr: str) -> type:
     def build_for_cudagraph_capture(self, common_attn_metadata):
         # Sequence lengths of 1, as every ROCm capture; nothing else written:
         # the kernel reads the caller's query_start_loc at replay.
@@ -71,11 +77,26 @@ def _own_builder(parent: type, pr: str) -> type:
         attn_metadata.seq_lens.fill_(1)
         return attn_metadata
 
-    build_for_cudagraph_capture.__qualname__ = f"{BUILDER}.{METHOD}"
+    build_for_cudagraph_capture.__qualname__ = f"{name}.{METHOD}"
     doc = f"{parent.__name__} whose capture leaves the query offsets alone "
     doc += f"(vllm-capture-guard backport of PR {pr})."
-    attrs = {"__module__": __name__, "__qualname__": BUILDER, "__doc__": doc}
-    return type(BUILDER, (parent,), {**attrs, METHOD: build_for_cudagraph_capture})
+    attrs = {"__module__": __name__, "__qualname__": name, "__doc__": doc}
+    return type(name, (parent,), {**attrs, METHOD: build_for_cudagraph_capture})
+
+
+def _vllms_rocm_capture() -> Any:
+    cls = getattr(sys.modules.get(ROCM[0]), ROCM[1], None)
+    return base.original_of(getattr(cls, METHOD, None))
+
+
+def backends() -> list[type]:
+    """The AITER unified backend and every backend class derived from it that
+    has a ``get_builder_cls`` of its own (the others inherit the fix)."""
+    root = getattr(sys.modules.get(MODULE), BACKEND, None)
+    if not isinstance(root, type):
+        return []
+    found = base.subclasses(root)
+    return [c for c in found if c is root or "get_builder_cls" in vars(c)]
 
 
 class RocmAiterUnifiedBuilder(base.Patch):
@@ -85,56 +106,79 @@ class RocmAiterUnifiedBuilder(base.Patch):
     targets = ((MODULE, BACKEND),)
 
     def plan(self, module: ModuleType) -> base.Outcome:
-        backend = getattr(module, BACKEND)
-        if base.is_guarded(backend.__dict__.get("get_builder_cls")):
-            detail = f"{BACKEND}.get_builder_cls returns {BUILDER}"
+        if not isinstance(getattr(module, BACKEND, None), type):
+            raise LookupError(f"{MODULE} has no {BACKEND}")
+        todo, kept, warnings, guarded = [], [], [], []
+        for backend in backends():
+            if base.is_guarded(vars(backend).get("get_builder_cls")):
+                guarded.append(backend.__name__)
+                continue
+            parent = backend.get_builder_cls()
+            capture = base.original_of(getattr(parent, METHOD, None))
+            why = fixed_shape(capture, device_fields=False, forbidden=_offsets_or_host)
+            name = f"{backend.__name__}'s builder {parent.__name__}"
+            if why is None:
+                kept.append(f"{name} leaves query_start_loc alone")
+                continue
+            todo.append((backend, parent))
+            if not why.startswith("it touches"):
+                warnings.append(f"could not show by reading that {name} leaves the "
+                                f"query offsets alone ({why})")  # fmt: skip
+            elif capture is not _vllms_rocm_capture():
+                warnings.append(f"{name} has a capture of its own ({why}); "
+                                "it is replaced")  # fmt: skip
+        warning = warnings and (
+            "; ".join(warnings) + f", so it gets its own {BUILDER} as in vLLM 0.29.0 "
+            f"(backport of PR {self.pr})"
+        )
+        if todo:
+            detail = "; ".join(f"{b.__name__}: {p.__name__}'s capture zeroes "
+                               "query_start_loc" for b, p in todo)  # fmt: skip
+            warning = warning or None
+            return base.Outcome(self.name, base.Status.NEEDED, detail, warning, todo)
+        if guarded:
+            detail = f"{', '.join(guarded)}.get_builder_cls returns its own {BUILDER}"
             return base.Outcome(self.name, base.Status.ALREADY, detail)
-        parent = backend.get_builder_cls()
-        name = f"{BACKEND} builder {parent.__name__}"
-        capture = base.original_of(getattr(parent, METHOD, None))
-        why = fixed_shape(capture, device_fields=False, forbidden=_offsets_or_host)
-        if why is None:
-            detail = f"{name} leaves query_start_loc alone"
-            return base.Outcome(self.name, base.Status.NOT_NEEDED, detail)
-        warning = None
-        if not why.startswith("it touches"):
-            warning = (
-                f"could not show by reading that {name} leaves the query offsets "
-                f"alone ({why}), so {BACKEND} now gets its own {BUILDER} as in "
-                f"vLLM 0.29.0 (backport of PR {self.pr})"
-            )
-        detail = f"{name}: {why}"
-        return base.Outcome(self.name, base.Status.NEEDED, detail, warning, parent)
+        return base.Outcome(self.name, base.Status.NOT_NEEDED, "; ".join(kept))
 
     def install(self, plan: base.Outcome) -> str:
-        backend = getattr(sys.modules[MODULE], BACKEND)
-        builder = _own_builder(plan.data, self.pr)
+        done = []
+        for backend, parent in plan.data:
+            name = _builder_name(backend)
+            builder = _own_builder(parent, name, self.pr)
 
-        def get_builder_cls() -> type:
-            return builder
+            def get_builder_cls(builder: type = builder) -> type:
+                return builder
 
-        setattr(get_builder_cls, base.MARKER, backend.__dict__.get("get_builder_cls"))
-        globals()[BUILDER] = builder  # pickle finds it here, by name
-        setattr(sys.modules[backend.__module__], BUILDER, builder)  # as in 0.29.0
-        backend.get_builder_cls = staticmethod(get_builder_cls)
+            own = backend.__dict__.get("get_builder_cls")
+            setattr(get_builder_cls, base.MARKER, own)
+            globals()[name] = builder  # pickle finds it here, by name
+            if name == BUILDER:  # as in 0.29.0
+                setattr(sys.modules[backend.__module__], BUILDER, builder)
+            backend.get_builder_cls = staticmethod(get_builder_cls)
+            done.append(backend.__name__)
         return (
-            f"{BACKEND}.get_builder_cls returns its own {BUILDER}, which keeps "
-            f"query_start_loc (backport of PR {self.pr})"
+            f"{', '.join(done)}.get_builder_cls returns its own {BUILDER}, which "
+            f"keeps query_start_loc (backport of PR {self.pr})"
         )
 
     def uninstall(self) -> bool:
-        backend = getattr(sys.modules.get(MODULE), BACKEND, None)
-        current = getattr(backend, "__dict__", {}).get("get_builder_cls")
-        if not base.is_guarded(current):
-            return False
-        own = getattr(current.__func__, base.MARKER)
-        if own is None:
-            delattr(backend, "get_builder_cls")
-        else:
-            backend.get_builder_cls = own
-        sys.modules[backend.__module__].__dict__.pop(BUILDER, None)
-        globals().pop(BUILDER, None)
-        return True
+        undone = False
+        for backend in backends():
+            current = backend.__dict__.get("get_builder_cls")
+            if not base.is_guarded(current):
+                continue
+            own = getattr(current.__func__, base.MARKER)
+            if own is None:
+                delattr(backend, "get_builder_cls")
+            else:
+                backend.get_builder_cls = own
+            name = _builder_name(backend)
+            if name == BUILDER:
+                sys.modules[backend.__module__].__dict__.pop(BUILDER, None)
+            globals().pop(name, None)
+            undone = True
+        return undone
 
 
 class BackportUnavailable(ImportError):
@@ -145,14 +189,14 @@ class BackportUnavailable(ImportError):
 def __getattr__(name: str) -> Any:
     """Unpickling the backport: in a process that loaded vLLM's plugins,
     importing the backend makes it."""
-    if name != BUILDER:
+    if not name.startswith(BUILDER):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     importlib.import_module(MODULE)
-    if BUILDER not in globals():
+    if name not in globals():
         raise BackportUnavailable(
-            f"{BUILDER} is made by the vllm-capture-guard plugin when vLLM imports "
+            f"{name} is made by the vllm-capture-guard plugin when vLLM imports "
             f"{MODULE} in a process that loaded vLLM's general plugins; this one "
             "has not made it: call vllm.plugins.load_general_plugins() before "
             "unpickling (and check VLLM_PLUGINS and VLLM_CAPTURE_GUARD*)"
         )
-    return globals()[BUILDER]
+    return globals()[name]

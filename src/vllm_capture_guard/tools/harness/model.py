@@ -172,25 +172,46 @@ def make_builder(
         return builder_cls(spec, [layer], vllm_config, torch.device(device))
 
 
+def group_builder(
+    backend_cls: type,
+    spec: Any,
+    vllm_config: Any,
+    layer: str = ATTN_LAYER,
+    device: str = "cpu",
+    group_id: int = 0,
+) -> Any:
+    """The builder vLLM's model runners make for ``backend_cls``: through
+    vLLM's own ``AttentionGroup.create_metadata_builders`` (which asks the
+    backend's ``get_builder_cls()``), as V1, Model Runner V2 and the
+    speculative proposers do."""
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.worker.utils import AttentionGroup
+
+    group = AttentionGroup(backend_cls, [layer], spec, group_id)
+    with set_current_vllm_config(vllm_config):
+        group.create_metadata_builders(vllm_config, torch.device(device))
+    return group.metadata_builders[0]
+
+
 def attention_builder(backend: str, vllm_config: Any, device: str = "cpu") -> Any:
-    """The builder that ``backend``'s ``get_builder_cls()`` names, for a full
+    """The builder vLLM makes for ``backend`` (a registry name), for a full
     attention layer of the tiny model."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     spec = FullAttentionSpec(
         block_size=BLOCK_SIZE, num_kv_heads=1, head_size=HEAD_SIZE, dtype=torch.bfloat16
     )
-    cls = backend_class(backend).get_builder_cls()
-    return make_builder(cls, spec, vllm_config, ATTN_LAYER, device)
+    return group_builder(backend_class(backend), spec, vllm_config, ATTN_LAYER, device)
 
 
 def indexer_builder(vllm_config: Any, device: str = "cpu") -> Any:
-    """MiniMax-M3's lightning-indexer builder, through its backend."""
+    """MiniMax-M3's lightning-indexer builder, as vLLM makes it for its
+    backend (the second KV-cache group)."""
     from vllm.models.minimax_m3.common.indexer import MiniMaxM3IndexerBackend
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
     spec = MLAAttentionSpec(
         block_size=BLOCK_SIZE, num_kv_heads=1, head_size=HEAD_SIZE, dtype=torch.bfloat16
     )
-    cls = MiniMaxM3IndexerBackend.get_builder_cls()
-    return make_builder(cls, spec, vllm_config, INDEXER_LAYER, device)
+    backend = MiniMaxM3IndexerBackend
+    return group_builder(backend, spec, vllm_config, INDEXER_LAYER, device, 1)
