@@ -174,6 +174,16 @@ def test_cli_audit_prints_guard_state_coverage_and_verdict():
     assert "does nothing (off)" in out and "SIMULATES" not in out
     assert "coverage: built 1 of 1 registered backends" in out
     assert "OK: no built backend's capture writes shared CPU metadata" in out
+    # TRITON_ATTN sets the device seq_lens to 1 at capture: the findings list
+    # it, and one line says that these are expected, and why
+    lines = out.splitlines()
+    start = lines.index("findings:")
+    found = [ln for ln in lines[start + 1 :] if ln.startswith("  ")]
+    assert found and all("(device)" in ln or "(builder)" in ln for ln in found)
+    (said,) = [ln for ln in lines if ln.startswith("expected: ")]
+    assert lines.index(said) == start + 1 + len(found), out
+    assert said.startswith(f"expected: all {len(found)} findings above are ")
+    assert "capture-time only" in said and "before every replay" in said
 
 
 def test_version_cache_keeps_a_users_vllm_cache_root(monkeypatch, tmp_path):

@@ -82,11 +82,12 @@ _checks: dict[tuple[str, str], tuple[dict, int, str]] = {}
 
 
 def check(overlay, name: str, mode: str) -> tuple[dict, int, str]:
-    """``vllm-capture-guard check --json`` on variant ``name`` (cached)."""
+    """``vllm-capture-guard check --trace`` (every capture size's record, as
+    JSON) on variant ``name`` (cached)."""
     key = (name, mode)
     if key not in _checks:
         dest, _ = overlay(name)
-        proc = _fresh(dest, ["-m", "vllm_capture_guard", "check", "--json"], mode)
+        proc = _fresh(dest, ["-m", "vllm_capture_guard", "check", "--trace"], mode)
         logs = proc.stdout + proc.stderr
         assert proc.returncode in (0, 1), logs[-4000:]
         _checks[key] = (json.loads(proc.stdout), proc.returncode, proc.stderr)

@@ -101,8 +101,10 @@ def test_tree_forms(affected, tmp_path, capsys):
     by_package = patch(capsys, "--diff", "--tree", str(affected / "vllm"))[1]
     assert by_root == by_package
     assert "--- a/vllm/v1/attention/backends/rocm_attn.py" in by_root
-    code, out, _ = patch(capsys, "--check", "--tree", str(tmp_path))
-    assert code == 2 and "neither a vLLM source checkout" in out
+    code, out, err = patch(capsys, "--check", "--tree", str(tmp_path))
+    assert code == 2 and out == "", out  # the reason goes to stderr, one line
+    (line,) = err.splitlines()
+    assert "refused" in line and "neither a vLLM source checkout" in line
 
 
 def test_default_tree_is_found_without_importing_vllm():
@@ -187,8 +189,8 @@ def test_diff_applies_with_git_and_patch_and_equals_apply(tmp_path, capsys):
         # the tree patched by the diff is recognised as carrying the fix
         assert patch(capsys, "--check", "--tree", str(checkout))[0] == 0
         # ... but --revert has no saved original there: it refuses
-        code, out, _ = patch(capsys, "--revert", "--tree", str(checkout))
-        assert code == 2 and "git apply -R" in out
+        code, out, err = patch(capsys, "--revert", "--tree", str(checkout))
+        assert code == 2 and "git apply -R" in err and "patch: refused" not in out
 
 
 @pytest.mark.parametrize("name", sorted(var.REFUSED))
@@ -196,14 +198,18 @@ def test_refused_variations_write_nothing(name, tmp_path, capsys):
     make, message = var.REFUSED[name]
     root = make_tree(tmp_path, make(release_files("0.28.0")))
     before = state(root)
-    code, out, _ = patch(capsys, "--check", "--tree", str(root))
+    code, out, err = patch(capsys, "--check", "--tree", str(root))
     assert code == 2, out
     assert message in out
     assert model.UNRECOGNISED in out
+    (line,) = err.splitlines()  # every exit 2: its reason, one line on stderr
+    assert "not recognised" in line and message in line
     for mode in ("--apply", "--diff"):
         code, out, err = patch(capsys, mode, "--tree", str(root))
         assert code == 2
-        assert "refused" in out + err and message in out + err
+        (line,) = err.splitlines()[-1:]
+        assert "refused" in line and message in line
+        assert "patch: refused" not in out
         if mode == "--diff":
             assert out == ""
     assert state(root) == before
@@ -259,11 +265,11 @@ def test_read_only_tree_is_refused_and_untouched(what, affected, capsys):
     mode = target.stat().st_mode
     target.chmod(0o444 if what == "file" else 0o555)
     try:
-        code, out, _ = patch(capsys, "--apply", "--tree", str(affected))
+        code, out, err = patch(capsys, "--apply", "--tree", str(affected))
     finally:
         target.chmod(mode)
     assert code == 2
-    assert "read-only" in out and "nothing was written" in out
+    assert "read-only" in err and "nothing was written" in err
     # rocm_attn.py was writable, but is untouched too: all or nothing
     assert state(affected) == before
 
@@ -280,8 +286,8 @@ def test_a_failed_replace_rolls_back_everything(affected, capsys, monkeypatch):
         return real_replace(src, dst)
 
     monkeypatch.setattr(files.os, "replace", replace)
-    code, out, _ = patch(capsys, "--apply", "--tree", str(affected))
-    assert code == 2 and "nothing changed" in out
+    code, out, err = patch(capsys, "--apply", "--tree", str(affected))
+    assert code == 2 and "nothing changed" in err
     assert state(affected) == before  # no sidecar, no temporary file left
     assert all(src == dst for src, dst in calls[:4])  # temp files beside targets
 

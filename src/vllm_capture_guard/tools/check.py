@@ -1,24 +1,57 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The seed scenario as a verdict: would full-graph capture of a MiniMax-M3 on
-this vLLM get past the metadata builders, for each backend a patch fixes?
+"""Every start-up failure the guard fixes, as a verdict on this vLLM.
 
-``vllm-capture-guard check`` runs what vLLM runs (:func:`run_check`): the
-capture sizes vLLM derives for the config (512 down to 1 by default), on one
-builder per KV-cache group reused for every size, in the runner's order. The
-version matrix and the tests also run the small batch shapes of
-:data:`~vllm_capture_guard.tools.harness.DEFAULT_BATCHES` (:func:`run_seed`),
-in fresh interpreters with the guard switched on and off.
+``vllm-capture-guard check`` runs vLLM's own code on the CPU, with the
+plugins loaded by vLLM's loader, and judges one line per failure:
+
+* the MiniMax-M3 indexer after each ROCm backend (``assert decode_query_len
+  > 0``; PR #51585): the capture sizes vLLM derives for the config (512 down
+  to 1 by default), on one builder per KV-cache group reused for every size,
+  in the runner's order (:func:`run_check`);
+* ``ROCM_AITER_UNIFIED_ATTN``'s capture keeps the query offsets its kernel
+  reads at replay (PR #53821), on the same runs;
+* capture on vLLM's current stream (PR #53818): vLLM's three capture sites
+  driven through a recording ``torch.cuda.graph``
+  (:mod:`~vllm_capture_guard.tools.harness.streams`).
+
+The version matrix and the tests also run the small batch shapes of
+:data:`~vllm_capture_guard.tools.harness.DEFAULT_BATCHES` (:func:`run_seed`).
+``check --json`` prints a summary per check and backend; ``--trace`` adds
+every capture size's record.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 from vllm_capture_guard.runtime.plugin import report, vllm_version
 from vllm_capture_guard.tools import harness
 from vllm_capture_guard.tools.contract import FieldWrite
 from vllm_capture_guard.tools.harness import Batch
+from vllm_capture_guard.tools.harness.streams import CRASH as STREAM_CRASH
+from vllm_capture_guard.tools.harness.streams import SiteRun
+
+#: The MiniMax-M3 start-up failure, as its traceback shows it.
+INDEXER_CRASH = (
+    'File "vllm/models/minimax_m3/common/indexer.py", in build: '
+    "assert decode_query_len > 0"
+)
+#: What a PASS shows, and what it does not (printed by ``check``).
+SHOWS = (
+    "a PASS shows: vLLM's own metadata builders and capture functions, run on "
+    "the CPU in the model runner's order with the guard loaded by vLLM's plugin "
+    "loader, keep what later builders read and hand vLLM's current stream to "
+    "torch.cuda.graph; only GPU-only pieces (graphs, streams, device kernels) "
+    "are stood in for"
+)
+DOES_NOT_SHOW = (
+    "it does not show: that AITER's kernels are satisfied on a GPU (no kernel "
+    "runs here), nor that a vendor runner's extra host field or capture site "
+    "is covered (check builds vLLM's own runner fields and drives vLLM's own "
+    "capture sites)"
+)
 
 
 @dataclasses.dataclass
@@ -30,7 +63,7 @@ class GroupRecord:
 
 @dataclasses.dataclass
 class SeedRun:
-    """One capture sequence (backend x batch), as ``check --json`` prints it."""
+    """One capture sequence (backend x batch), as ``check --trace`` prints it."""
 
     backend: str
     batch: str
@@ -43,12 +76,15 @@ class SeedRun:
     query_start_loc_cpu_after: list[int]
     query_start_loc_after: list[int]
     groups: list[GroupRecord]
+    num_tokens: int | None = None
 
 
 @dataclasses.dataclass
 class SeedResult:
     vllm: str
     guard: str | None  # the plugin's report, None if it was not loaded
+    #: ``check``: every check passed (the seed runs, and where run, the
+    #: query offsets and the capture stream); :func:`run_seed`: the seed runs
     ok: bool
     runs: list[SeedRun]
     unavailable: dict[str, str]  # backend -> why it cannot be imported here
@@ -59,8 +95,10 @@ class SeedResult:
     max_num_seqs: int | None = None
     #: The guard line (:meth:`vllm_capture_guard.tools.guard.Story.line`).
     guard_line: str | None = None
-    #: What the guard warned about in this process (its fail-closed notes).
+    #: What the operator is warned about (:func:`.guard.warnings`).
     guard_warnings: list[str] = dataclasses.field(default_factory=list)
+    #: ``check``: each capture site of PR #53818, driven.
+    streams: list[SiteRun] = dataclasses.field(default_factory=list)
 
 
 def seed_run(backend: str, batch: Batch) -> SeedRun:
@@ -82,6 +120,7 @@ def seed_record(backend: str, batch: Batch, run: harness.CaptureRun) -> SeedRun:
         query_start_loc_cpu_after=run.values("query_start_loc_cpu"),
         query_start_loc_after=run.values("query_start_loc"),
         groups=[GroupRecord(g.group, g.builder, g.writes) for g in run.groups],
+        num_tokens=batch.num_tokens,
     )
 
 
@@ -115,7 +154,8 @@ def run_check(
     """What vLLM runs at start-up, per backend: every FULL capture size that
     vLLM derives for the config, largest first, on one attention builder and
     one MiniMax-M3 indexer builder (one per KV-cache group), built once and
-    reused for every size, each size on one shared metadata."""
+    reused for every size, each size on one shared metadata (recorded right
+    after its capture)."""
     from vllm_capture_guard.tools.harness import sizes
 
     config = harness.make_vllm_config(num_speculative_tokens, graphs=True)
@@ -133,9 +173,11 @@ def run_check(
         except Exception as e:  # e.g. a backend module that needs a GPU to import
             unavailable[backend] = harness.error_text(e)
             continue
-        done = sizes.run_sizes(builders, batches)
-        pairs = zip(done.batches, done.runs, strict=True)
-        runs += [seed_record(backend, b, r) for b, r in pairs]
+
+        def keep(batch: Batch, run: harness.CaptureRun, backend=backend) -> None:
+            runs.append(seed_record(backend, batch, run))
+
+        sizes.run_sizes(builders, batches, on_run=keep)
     guard = report()
     return SeedResult(
         vllm=vllm_version(),
@@ -149,10 +191,160 @@ def run_check(
     )
 
 
+# --- judging: one line per failure the guard fixes ------------------------------
+
+
+@dataclasses.dataclass
+class Judgement:
+    """One failure the guard fixes, judged on this vLLM."""
+
+    name: str  # the line's title
+    fix: str  # the runtime patch that fixes it
+    pr: str
+    #: True pass, False fail, None not checked here (``note`` says why)
+    ok: bool | None
+    passed: int
+    total: int
+    unit: str  # "capture sizes (512..1)", "sites"
+    #: what fails, naming the error an operator would search for
+    failure: str | None = None
+    note: str | None = None
+    #: tokens of each capture size that failed (seed checks)
+    failed_sizes: list[int] = dataclasses.field(default_factory=list)
+    #: "start-up" (the engine dies) or "replay" (graphs replay wrong offsets)
+    kind: str = "start-up"
+
+    def line(self) -> str:
+        if self.ok is None:
+            return f"{self.name}: not checked here ({self.note})"
+        if self.ok:
+            text = f"{self.name}: PASS, {self.passed}/{self.total} {self.unit}"
+            return text + (f"; not checked: {self.note}" if self.note else "")
+        bad = self.total - self.passed
+        text = f"{self.name}: FAIL, {bad}/{self.total} {self.unit} fail: "
+        text += self.failure or "?"
+        return text + (f"; not checked: {self.note}" if self.note else "")
+
+
 def _span(result: SeedResult) -> str:
     if not result.sizes:
         return "capture sequences"
     return f"capture sizes ({result.sizes[0]}..{result.sizes[-1]})"
+
+
+def _size(run: SeedRun) -> str:
+    return f"{run.num_tokens} tokens" if run.num_tokens else f"batch {run.batch}"
+
+
+def _patch(name: str) -> Any:
+    from vllm_capture_guard.runtime.patches import by_name
+
+    return by_name(name)
+
+
+def _indexer(backend: str, runs: list[SeedRun], unit: str) -> Judgement:
+    patch = _patch("rocm-attn-cpu-offsets")
+    bad = [r for r in runs if not r.ok]
+    found = Judgement(
+        f"MiniMax-M3 indexer after {backend}", patch.name, patch.pr,
+        not bad, len(runs) - len(bad), len(runs), unit,
+        failed_sizes=[r.num_tokens for r in bad if r.num_tokens],
+    )  # fmt: skip
+    if bad:
+        first = bad[0]
+        where = f" at {first.error_site}" if first.error_site else ""
+        said = f": {first.error_line}" if first.error_line else ""
+        found.failure = f"{first.error}{where}{said} (first at {_size(first)})"
+    return found
+
+
+def _offsets(backend: str, runs: list[SeedRun], unit: str) -> Judgement:
+    """The AITER unified backend's capture must leave the device offsets
+    as the batch had them: its kernel reads them at replay (PR #53821)."""
+    patch = _patch("rocm-aiter-unified-builder")
+    bad = [r for r in runs if r.query_start_loc_after != r.query_start_loc_cpu_before]
+    found = Judgement(
+        f"{backend} keeps the query offsets its kernel reads (PR {patch.pr})",
+        patch.name, patch.pr, not bad, len(runs) - len(bad), len(runs), unit,
+        failed_sizes=[r.num_tokens for r in bad if r.num_tokens], kind="replay",
+    )  # fmt: skip
+    if bad:
+        found.failure = (
+            "its capture changes the device query_start_loc that the kernel "
+            f"reads at replay (first at {_size(bad[0])})"
+        )
+    return found
+
+
+def _streams(sites: list[SiteRun]) -> Judgement:
+    patch = _patch("graph-capture-stream")
+    ran = [s for s in sites if s.ok is not None]
+    bad = [s for s in ran if not s.ok]
+    skipped = "; ".join(f"{s.site} ({s.error})" for s in sites if s.ok is None)
+    found = Judgement(
+        f"capture on the current stream (PR {patch.pr})", patch.name, patch.pr,
+        None if not ran else not bad, len(ran) - len(bad), len(ran), "sites",
+        note=skipped or None,
+    )  # fmt: skip
+    if bad:
+        found.failure = (
+            f"{', '.join(s.site for s in bad)} capture on torch's side stream "
+            f"(no stream given); on ROCm with AITER start-up dies: {STREAM_CRASH}"
+        )
+    return found
+
+
+def judge(result: SeedResult) -> list[Judgement]:
+    """Every check of ``result``, in the order ``check`` prints them."""
+    unit = _span(result)
+    by_backend: dict[str, list[SeedRun]] = {}
+    for run in result.runs:
+        by_backend.setdefault(run.backend, []).append(run)
+    found = []
+    for backend in harness.seed_backends():
+        runs = by_backend.get(backend)
+        if runs:
+            found.append(_indexer(backend, runs, unit))
+        elif backend in result.unavailable:
+            name = f"MiniMax-M3 indexer after {backend}"
+            fix = _patch("rocm-attn-cpu-offsets")
+            why = result.unavailable[backend]
+            found.append(Judgement(name, fix.name, fix.pr, None, 0, 0, unit, note=why))
+    for backend in _patch("rocm-aiter-unified-builder").backends:
+        if by_backend.get(backend):
+            found.append(_offsets(backend, by_backend[backend], unit))
+    if result.streams:
+        found.append(_streams(result.streams))
+    return found
+
+
+def passed(judgements: list[Judgement]) -> bool:
+    """No check failed, and at least one ran."""
+    ran = [j for j in judgements if j.ok is not None]
+    return bool(ran) and all(j.ok for j in ran)
+
+
+def _verdict(judgements: list[Judgement]) -> str:
+    failed = [j for j in judgements if j.ok is False]
+    if not failed:
+        return (
+            "verdict: capture gets past every metadata builder and runs on vLLM's "
+            "current stream; neither start-up failure happens in what check runs"
+        )
+    crashes = []
+    if any(j.fix == "rocm-attn-cpu-offsets" for j in failed):
+        crashes.append(f"MiniMax-M3 ({INDEXER_CRASH})")
+    if any(j.fix == "graph-capture-stream" for j in failed):
+        crashes.append(f"AITER ({STREAM_CRASH})")
+    replay = [j.name.split(" keeps ")[0] for j in failed if j.kind == "replay"]
+    parts = []
+    if crashes:
+        parts.append("startup would still fail: " + "; ".join(crashes))
+    if replay:
+        parts.append(
+            f"{', '.join(replay)} would capture its graphs over zeroed query offsets"
+        )
+    return "verdict: " + "; and ".join(parts)
 
 
 def verdict_lines(result: SeedResult) -> list[str]:
@@ -170,46 +362,69 @@ def verdict_lines(result: SeedResult) -> list[str]:
             "KV-cache group, in the model runner's order"
         )
     lines.append(result.guard_line or f"guard: {result.guard or 'not loaded'}")
-    lines += [f"guard warning: {w}" for w in result.guard_warnings]
-    by_backend: dict[str, list[SeedRun]] = {}
-    for run in result.runs:
-        by_backend.setdefault(run.backend, []).append(run)
-    span = _span(result)
-    for backend, runs in by_backend.items():
-        bad = [r for r in runs if not r.ok]
-        if not bad:
-            lines.append(f"  {backend}: PASS, {len(runs)}/{len(runs)} {span}")
-            continue
-        lines.append(
-            f"  {backend}: FAIL, {len(bad)}/{len(runs)} {span} fail; "
-            f"first: {bad[0].error} at {bad[0].error_site} (batch {bad[0].batch})"
-        )
-    for backend, why in result.unavailable.items():
-        lines.append(f"  {backend}: not checked here ({why})")
-    if result.ok:
-        lines.append(
-            "verdict: capture gets past every metadata builder; startup is not "
-            "blocked by this bug"
-        )
-    else:
-        lines.append("verdict: startup would still fail (EngineCore failed to start)")
+    judgements = judge(result)
+    lines += ["  " + j.line() for j in judgements]
+    lines.append(_verdict(judgements))
+    lines += [SHOWS, DOES_NOT_SHOW]
     return lines
 
 
+def summary(result: SeedResult) -> dict[str, Any]:
+    """``check --json``: the verdict per check and per backend, small."""
+    backends: dict[str, Any] = {}
+    for run in result.runs:
+        entry = backends.setdefault(
+            run.backend, {"runs": 0, "passed": 0, "first_failure": None}
+        )
+        entry["runs"] += 1
+        entry["passed"] += run.ok
+        if not run.ok and entry["first_failure"] is None:
+            entry["first_failure"] = {
+                "num_tokens": run.num_tokens,
+                "batch": run.batch,
+                "error": run.error,
+                "error_site": run.error_site,
+                "error_line": run.error_line,
+            }
+    sizes = result.sizes
+    return {
+        "ok": result.ok,
+        "vllm": result.vllm,
+        "guard": result.guard,
+        "guard_line": result.guard_line,
+        "guard_warnings": result.guard_warnings,
+        "capture_sizes": {
+            "count": len(sizes),
+            "largest": sizes[0] if sizes else None,
+            "smallest": sizes[-1] if sizes else None,
+        },
+        "max_num_seqs": result.max_num_seqs,
+        "speculative_tokens": result.speculative_tokens,
+        "checks": [dataclasses.asdict(j) for j in judge(result)],
+        "backends": backends,
+        "sites": [dataclasses.asdict(s) for s in result.streams],
+        "unavailable": result.unavailable,
+        "shows": SHOWS,
+        "does_not_show": DOES_NOT_SHOW,
+    }
+
+
 def guard_warnings() -> list[str]:
-    """The guard's warnings and failures in this process so far."""
-    done = report()
-    if done is None:
-        return []
-    found = [o.warning for o in done.outcomes.values() if getattr(o, "warning", None)]
-    return found + list(done.failures)
+    """The guard's warnings and failures in this process so far, with the
+    switches' problems (:func:`.guard.warnings`)."""
+    from vllm_capture_guard.tools.guard import warnings
+
+    return warnings()
 
 
-def main(as_json: bool = False) -> int:
-    """``vllm-capture-guard check``: 0 pass, 1 startup would fail, 2 not run."""
+def main(as_json: bool = False, trace: bool = False) -> int:
+    """``vllm-capture-guard check``: 0 pass, 1 a failure would remain, 2 not
+    run."""
     from vllm_capture_guard.tools import support
-    from vllm_capture_guard.tools.failure import could_not_run
+    from vllm_capture_guard.tools.failure import could_not_run, warn
     from vllm_capture_guard.tools.guard import finish, load_plugins_as_worker
+    from vllm_capture_guard.tools.guard import warnings as tool_warnings
+    from vllm_capture_guard.tools.harness import streams
 
     outside = support.problem()
     if outside:
@@ -224,12 +439,20 @@ def main(as_json: bool = False) -> int:
         return could_not_run("check", support.cannot_set_up(str(e)), as_json)
     try:
         result = run_check()
+        result.streams = streams.check_sites()
     except Exception as e:
         return could_not_run("check", harness.error_text(e), as_json)
+    done = report()  # again: the capture sites were imported after run_check
+    result.guard = None if done is None else done.message
     result.guard_line = finish(told).line()
-    result.guard_warnings = guard_warnings()
+    result.guard_warnings = tool_warnings(told)
+    result.ok = bool(result.runs) and passed(judge(result))
+    warn(result.guard_warnings)
     if as_json:
-        print(json.dumps(dataclasses.asdict(result), indent=2))
+        out = summary(result)
+        if trace:
+            out.update(dataclasses.asdict(result))
+        print(json.dumps(out, indent=None if trace else 2))
     else:
         print("\n".join(verdict_lines(result)))
     if not result.runs:

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``vllm-capture-guard``: is this vLLM affected, is the guard active, and does
-capture now get past the metadata builders?
+"""``vllm-capture-guard``: is this vLLM affected by either start-up failure
+(the MiniMax-M3 indexer's ``assert decode_query_len > 0``, and AITER's
+split-K workspace on torch's side stream), is the guard active, and does
+capture now get past both?
 
 This module is the argument parser only; each command lives in its own
 module (:mod:`.status`, :mod:`.check`, :mod:`.audit.command`,
@@ -22,20 +24,31 @@ from vllm_capture_guard.tools.failure import could_not_run, one_line, vllm_probl
 
 #: ``--help`` text: plain, for a terminal (the module docstring is for Sphinx).
 DESCRIPTION = """\
-Is this vLLM affected by the ROCm full CUDA-graph capture bug (MiniMax-M3,
-ROCM_ATTN / ROCM_AITER_UNIFIED_ATTN, "assert decode_query_len > 0"), is the
-guard active, and does capture now get past vLLM's metadata builders?
+Two start-up failures of vLLM 0.27.x / 0.28.0 in full CUDA-graph capture,
+fixed without rebuilding vLLM:
+  MiniMax-M3 with ROCM_ATTN or ROCM_AITER_UNIFIED_ATTN: "assert
+    decode_query_len > 0" in vllm/models/minimax_m3/common/indexer.py
+    (upstream PRs #51585, #53821);
+  Kimi-K3 / Model Runner V2 on AITER: "splitk workspace not initialized for
+    the current CUDA stream" (capture on torch's side stream; PR #53818).
+Is this vLLM affected, is the guard active, and does capture now get past
+both?
 
 Exit codes:
-  0  status printed; check passes; audit finds no shared CPU write; patch
-     done or nothing to do
-  1  check: startup would still fail; audit: a capture writes shared CPU
-     metadata; patch --check: the tree needs the fix
+  0  status: protected or not affected; check passes; audit finds no shared
+     CPU write; patch done or nothing to do
+  1  status: affected and not protected; check: a failure would remain;
+     audit: a capture writes shared CPU metadata; patch --check: the tree
+     needs the fix
   2  could not run (vLLM not installed or not importable, a release outside
-     the supported range, an unknown --backend, or another error); patch:
-     the tree is not recognised, or the change was refused; the reason is
-     printed on one line on stderr, or as {"ok": false, "error": ...} with
-     --json
+     the supported range, an unknown option or --backend, or another
+     error); patch: the tree is not recognised, or the change was refused;
+     the reason is printed on one line on stderr (with --json: as
+     {"ok": false, "error": ...} on stdout)
+
+--json (one JSON object on stdout) is taken by status, check, audit and
+patch --check. Warnings go to stderr, each after "vllm-capture-guard
+warning:".
 
 Every command of status, check and audit prints the same "guard:" line:
 loaded by vLLM's plugin loader or not (and why), the mode, and whether it
@@ -45,24 +58,34 @@ acts on this host or, in check and audit, only simulates the ROCm path.
 #: Per command: (one-line help with its exit codes, ``--help`` description).
 COMMANDS = {
     "status": (
-        "vLLM version, platform, affected?, guard active? (exit 0; 2: no vLLM)",
-        "Print the vLLM version, the platform, whether this vLLM is affected and\n"
-        "whether the guard is active in it.\n\n"
-        "Exit codes: 0 printed; 2 vLLM is not installed or does not import\n"
-        "(one-line reason).",
+        "is this vLLM affected, and protected? (exit 0 yes or not affected, "
+        "1 affected and not protected, 2 error)",
+        "Print the vLLM version, the platform, which fixes this vLLM needs (read\n"
+        "from its source), whether the guard is loaded and would apply them, and\n"
+        "one verdict: protected: yes, no (why), or not affected. Off ROCm, under\n"
+        "auto, it judges the ROCm path as check does. It reads this shell's\n"
+        "VLLM_PLUGINS and VLLM_CAPTURE_GUARD*, which may differ from the\n"
+        "server's.\n\n"
+        "Exit codes: 0 protected, or not affected; 1 affected and not protected;\n"
+        "2 vLLM is not installed or does not import (one-line reason).",
     ),
     "check": (
-        "MiniMax-M3 capture on real vLLM builders (exit 0 pass, 1 fail, 2 error)",
-        "Run the MiniMax-M3 full-graph capture sequence on this vLLM's own\n"
-        "metadata builders (CPU), at every capture size vLLM derives for the\n"
-        "config (512 down to 1), one builder per KV-cache group, in the model\n"
-        "runner's order. The guard is loaded through vLLM's own plugin loader,\n"
-        "so VLLM_PLUGINS and VLLM_CAPTURE_GUARD apply as in `vllm serve`; on a\n"
-        "host that is not ROCm, auto counts as on and the ROCm path is\n"
-        "simulated (the guard line says so).\n\n"
-        "Exit codes: 0 capture gets past every metadata builder; 1 startup\n"
-        "would still fail; 2 the check could not run (one-line reason on\n"
-        "stderr; a vLLM without MiniMax-M3 is outside the supported range).",
+        "both start-up failures on vLLM's own code (exit 0 pass, 1 fail, 2 error)",
+        "Judge every failure the guard fixes, on this vLLM's own code (CPU):\n"
+        "  the MiniMax-M3 indexer after ROCM_ATTN and ROCM_AITER_UNIFIED_ATTN,\n"
+        "    at every capture size vLLM derives for the config (512 down to 1),\n"
+        "    one builder per KV-cache group, in the model runner's order;\n"
+        "  ROCM_AITER_UNIFIED_ATTN keeps the query offsets its kernel reads;\n"
+        "  capture on vLLM's current stream at Model Runner V2's, the encoder's\n"
+        "    and Gemma4's capture sites (a recording torch.cuda.graph).\n"
+        "The guard is loaded through vLLM's own plugin loader, so VLLM_PLUGINS\n"
+        "and VLLM_CAPTURE_GUARD* apply as in `vllm serve`; on a host that is\n"
+        "not ROCm, auto counts as on and the ROCm path is simulated (the guard\n"
+        "line says so). A PASS does not show that AITER's kernels are satisfied\n"
+        "on a GPU, nor a vendor runner's own host fields.\n\n"
+        "Exit codes: 0 every check passes; 1 a failure would remain (named);\n"
+        "2 the check could not run (one-line reason on stderr; a vLLM without\n"
+        "MiniMax-M3 is outside the supported range).",
     ),
     "audit": (
         "every backend's capture vs shared metadata (exit 0 clean, 1 hazard, 2 error)",
@@ -92,7 +115,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # not required here: main() names an unknown option before a missing
+    # COMMAND (argparse would say only that COMMAND is missing)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parsers = {
         name: sub.add_parser(
             name,
@@ -111,6 +136,12 @@ def _parser() -> argparse.ArgumentParser:
             action="store_true",
             help="also show vLLM's own log lines and Python warnings (on stderr)",
         )
+    parsers["check"].add_argument(
+        "--trace",
+        action="store_true",
+        help="print every capture size's record too, as JSON (implies --json; "
+        "large: for comparing runs)",
+    )
     parsers["audit"].add_argument(
         "--backend",
         action="append",
@@ -119,12 +150,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     from vllm_capture_guard.tools.tree import command as tree_command
 
-    tree_command.add_parser(sub)
+    parser.patch = tree_command.add_parser(sub)
     return parser
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments; an unknown option is named (exit 2), then a missing
+    COMMAND or patch mode."""
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command is None:
+        parser.error(f"a COMMAND is required: {', '.join([*COMMANDS, 'patch'])}")
+    if args.command == "patch":
+        from vllm_capture_guard.tools.tree import command as tree_command
+
+        tree_command.check_args(parser.patch, args)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parse(argv)
+    args.json = args.json or getattr(args, "trace", False)
     if args.command == "patch":  # reads files only: no vLLM import
         from vllm_capture_guard.tools.tree import command as tree_command
 
@@ -140,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         return could_not_run(args.command, vllm_problem() or one_line(e), args.json)
     if args.command == "audit":
         return command.main(args.json, args.backend)
+    if args.command == "check":
+        return command.main(args.json, args.trace)
     return command.main(args.json)
 
 

@@ -38,6 +38,16 @@ def vllm_problem(import_it: bool = True) -> str | None:
     return None
 
 
+#: The one prefix of every warning a command prints (on stderr).
+WARNING = f"{PREFIX} warning: "
+
+
+def warn(warnings: list[str]) -> None:
+    """Each warning on one line on stderr, with :data:`WARNING` before it."""
+    for text in warnings:
+        print(WARNING + " ".join(text.split()), file=sys.stderr)
+
+
 def could_not_run(command: str, reason: str, as_json: bool) -> int:
     """Exit status 2 with one line on stderr saying why (with ``--json``: one
     JSON object on stdout, which is the result there)."""

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from collections.abc import MutableMapping
 from typing import Any
 
 from vllm_capture_guard.runtime import switch
-from vllm_capture_guard.runtime.plugin import PREFIX
 
 
 def entry_point() -> Any:
@@ -132,11 +130,9 @@ def story(environ: MutableMapping[str, str] | None = None) -> Story:
 
 def judge_rocm_path(environ: MutableMapping[str, str] | None = None) -> str:
     """Read the switch; under ``auto`` set it to ``on``. Returns the mode as
-    the tools print it."""
+    the tools print it (a bad value is one of :func:`warnings`)."""
     env = os.environ if environ is None else environ
-    mode, problem = switch.read_mode(env)
-    if problem:
-        print(f"{PREFIX}: {problem}", file=sys.stderr)
+    mode, _problem = switch.read_mode(env)
     if mode is switch.Mode.AUTO:
         env[switch.ENV] = switch.Mode.ON.value
         return "auto (counts as on: judges the ROCm path)"
@@ -172,3 +168,24 @@ def finish(told: Story) -> Story:
         told.loaded = True
         told.action = done.action
     return told
+
+
+def warnings(told: Story | None = None) -> list[str]:
+    """What the operator must be told, each once: a bad ``VLLM_CAPTURE_GUARD``
+    value, ``VLLM_CAPTURE_GUARD_DISABLE`` names that are no patch (the plugin
+    logs both only where it acts, and the tools keep vLLM's log quiet), and
+    the plugin's own warnings and failures in this process."""
+    from vllm_capture_guard.runtime.patches import unknown_disabled
+    from vllm_capture_guard.runtime.plugin import report
+
+    found = [told.mode_problem if told else switch.read_mode()[1]]
+    found.append(unknown_disabled())
+    done = report()
+    if done is not None:
+        found += [
+            f"{o.patch}: {o.warning}"
+            for o in done.outcomes.values()
+            if getattr(o, "warning", None)
+        ]
+        found += list(done.failures)
+    return list(dict.fromkeys(w for w in found if w))

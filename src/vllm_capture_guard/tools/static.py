@@ -3,9 +3,14 @@
 the version matrix), never the runtime's (the runtime guards every call).
 
 * :func:`host_writers`: the ROCm backends' builders whose capture touches a
-  host field (``runtime.shape``'s reader, which the AITER backport uses too);
+  host field (the reader in :mod:`.shape`);
+* :func:`offset_writers`: the AITER unified backend's builder, whose capture
+  must leave ``query_start_loc`` alone (PR #53821);
 * :func:`stream_sites`: each capture site of PR #53818 and whether every
   ``torch.cuda.graph(...)`` call in it passes a stream that is not ``None``.
+
+Read before the plugin patches this process (``status`` does): a patched
+backend returns the backport's builder, which reads as fixed.
 
 Reading can say "needs the fix"; where it says "fixed", the runtime still
 guards (a write through an alias, a capture bound per instance, a stream that
@@ -23,7 +28,8 @@ from typing import Any
 
 from vllm_capture_guard.runtime.patches import graph_capture_stream as stream
 from vllm_capture_guard.runtime.patches import original_of
-from vllm_capture_guard.runtime.shape import fixed_shape
+from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as aiter
+from vllm_capture_guard.tools.shape import fixed_shape, is_host_field
 
 ROCM = (
     ("vllm.v1.attention.backends.rocm_attn", "RocmAttentionBackend", "ROCM_ATTN"),
@@ -39,8 +45,11 @@ METHOD = "build_for_cudagraph_capture"
 @dataclasses.dataclass(frozen=True)
 class Reading:
     where: str
-    needed: bool | None  # None: could not be read
+    needed: bool | None  # None: could not be read, or not importable here
     why: str
+    #: False: the module does not import on this host (0.33's AITER module
+    #: asks the GPU at import), so nothing was read
+    importable: bool = True
 
 
 def _import(module: str) -> Any:
@@ -56,14 +65,52 @@ def host_writers() -> list[Reading]:
     for module, name, label in ROCM:
         mod = _import(module)
         if isinstance(mod, str):
-            found.append(Reading(label, None, mod))
+            found.append(Reading(label, None, mod, importable=False))
             continue
-        builder = getattr(mod, name).get_builder_cls()
+        backend = getattr(mod, name, None)
+        if not isinstance(backend, type):
+            found.append(Reading(label, None, f"{module} has no {name}"))
+            continue
+        builder = backend.get_builder_cls()
         why = fixed_shape(original_of(getattr(builder, METHOD)))
-        touches = why is not None and why.startswith("it touches")
-        text = f"{builder.__name__}'s capture: {why or 'keeps the host fields'}"
-        needed = True if touches else (False if why is None else None)
-        found.append(Reading(label, needed, text))
+        found.append(_reading(label, builder, why, "the host fields"))
+    return found
+
+
+def _reading(label: str, builder: type, why: str | None, kept: str) -> Reading:
+    """A builder's capture as read: a field it touches (needed), nothing
+    wrong (not needed), or in doubt (None)."""
+    name = builder.__name__
+    if why is None:
+        return Reading(label, False, f"{name}'s capture leaves {kept} alone")
+    if why.startswith("it touches "):
+        field = why.removeprefix("it touches ")
+        return Reading(label, True, f"{name}'s capture uses {field}")
+    return Reading(label, None, f"cannot tell by reading {name}'s capture ({why})")
+
+
+def _offsets_or_host(name: str) -> bool:
+    return name.startswith("query_start_loc") or is_host_field(name)
+
+
+def offset_writers() -> list[Reading]:
+    """The AITER unified backend (and each derived backend with a builder of
+    its own): does its builder's capture touch ``query_start_loc``?"""
+    mod = _import(aiter.MODULE)
+    if isinstance(mod, str):
+        return [Reading(ROCM[1][2], None, mod, importable=False)]
+    if not isinstance(getattr(mod, aiter.BACKEND, None), type):
+        return [Reading(ROCM[1][2], None, f"{aiter.MODULE} has no {aiter.BACKEND}")]
+    found = []
+    for backend in aiter.backends():
+        builder = backend.get_builder_cls()
+        why = fixed_shape(
+            original_of(getattr(builder, METHOD, None)),
+            device_fields=False,
+            forbidden=_offsets_or_host,
+        )
+        label = ROCM[1][2] if backend.__name__ == aiter.BACKEND else backend.__name__
+        found.append(_reading(label, builder, why, "query_start_loc"))
     return found
 
 
@@ -95,7 +142,10 @@ def stream_sites() -> list[Reading]:
     for module, cls_name, name in stream.SITES:
         where = f"{cls_name}.{name}"
         mod = _import(module)
-        cls = None if isinstance(mod, str) else getattr(mod, cls_name, None)
+        if isinstance(mod, str):
+            found.append(Reading(where, None, mod, importable=False))
+            continue
+        cls = getattr(mod, cls_name, None)
         fn = original_of(vars(cls).get(name)) if isinstance(cls, type) else None
         if fn is None:
             found.append(Reading(where, None, f"{module} has no {where}"))
@@ -110,7 +160,7 @@ def stream_sites() -> list[Reading]:
         if not calls:
             found.append(Reading(where, None, "no torch.cuda.graph(...) call to read"))
         elif all(calls):
-            found.append(Reading(where, False, "passes a stream"))
+            found.append(Reading(where, False, "passes a stream to torch.cuda.graph"))
         else:
-            found.append(Reading(where, True, "passes no stream"))
+            found.append(Reading(where, True, "calls torch.cuda.graph with no stream"))
     return found

@@ -1,46 +1,185 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``vllm-capture-guard status``: vLLM version, platform, affected?, is the
-guard active here? The guard line is :func:`.guard.story`'s, the one that
-``check`` and ``audit`` print too."""
+"""``vllm-capture-guard status``: is this vLLM affected, and is it protected?
+
+One verdict, last: ``protected: yes``, ``no (why)`` or ``not affected``, and
+the exit code that goes with it (0, 1, 0; 2 when it could not run).
+
+* *Affected* is read from vLLM's source (:mod:`.static`), never from its
+  version: each fix is needed, may be needed (the reading is in doubt), or
+  not needed. ``check`` runs the capture itself.
+* *Protected*: the plugins are then loaded by vLLM's own loader, as ``check``
+  loads them (off ROCm, ``auto`` counts as on: the ROCm path, simulated), and
+  every fix this vLLM needs must come out installed. So a guard left out by
+  ``VLLM_PLUGINS``, switched off, or with a needed patch disabled by name is
+  "no", with the reason.
+
+The guard line is :func:`.guard.story`'s as this host has it, the one that
+``check`` and ``audit`` print too. All of it reads this shell's environment,
+which may not be the server's, and says so.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import sys
+import os
 from typing import Any
 
 from vllm_capture_guard import __version__
+from vllm_capture_guard.runtime import switch
 from vllm_capture_guard.runtime.plugin import PREFIX, vllm_version
 from vllm_capture_guard.tools.guard import story
 
+#: Per patch: what a needed fix prevents, in the words of its failure.
+CONSEQUENCE = {
+    "rocm-attn-cpu-offsets": "later builders read it (MiniMax-M3: "
+    "assert decode_query_len > 0)",
+    "rocm-aiter-unified-builder": "the AITER kernel reads it at replay",
+    "graph-capture-stream": "capture runs on torch's side stream (AITER: splitk "
+    "workspace not initialized for the current CUDA stream)",
+}
+NEEDED, MAYBE, NOT_NEEDED, NOT_READ = (
+    "needed",
+    "may be needed",
+    "not needed",
+    "not read here",
+)
 
-def facts() -> dict[str, Any]:
-    """What ``status`` reports, as one JSON-able dict."""
-    from vllm_capture_guard.runtime.patches import PATCHES, Status
-    from vllm_capture_guard.tools import support
-    from vllm_capture_guard.tools.tree.command import status_line
 
-    told = story()
-    patches = []
+@dataclasses.dataclass
+class Need:
+    """What vLLM's source says one fix is needed for."""
+
+    name: str
+    pr: str
+    state: str  # NEEDED, MAYBE, NOT_NEEDED or NOT_READ
+    detail: str
+    #: what could not be read on this host (its module does not import here)
+    unread: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def affects(self) -> bool:
+        return self.state in (NEEDED, MAYBE)
+
+
+def _readings() -> dict[str, list[Any]]:
+    from vllm_capture_guard.tools import static
+
+    return {
+        "rocm-attn-cpu-offsets": static.host_writers(),
+        "rocm-aiter-unified-builder": static.offset_writers(),
+        "graph-capture-stream": static.stream_sites(),
+    }
+
+
+def _need(name: str, pr: str, readings: list[Any]) -> Need:
+    """One fix's line: each distinct reading once, with what it names."""
+    read = [r for r in readings if r.importable]
+    if any(r.needed for r in read):
+        state = NEEDED
+    elif any(r.needed is None for r in read):
+        state = MAYBE
+    else:
+        state = NOT_NEEDED if read else NOT_READ
+    groups: dict[tuple[Any, str], list[str]] = {}
+    for r in read:
+        groups.setdefault((r.needed, r.why), []).append(r.where)
+    parts = [f"{', '.join(where)}: {why}" for (_, why), where in groups.items()]
+    text = "; ".join(parts)
+    if state == NEEDED:
+        text += f"; {CONSEQUENCE.get(name, 'see its patch')}"
+    gone = [f"{r.where} ({r.why})" for r in readings if not r.importable]
+    if gone:  # NOT_READ says so already
+        said = "" if state == NOT_READ else "not read here: "
+        text += ("; " if text else "") + said + "; ".join(gone)
+    return Need(name, pr, state, text, [r.where for r in readings if not r.importable])
+
+
+def needs() -> list[Need]:
+    """Per patch, in the runtime's order: needed by this vLLM's source?"""
+    from vllm_capture_guard.runtime.patches import PATCHES
+
+    found = []
+    readings = _readings()
     for patch in PATCHES:
         try:
-            found = patch.inspect()
-            patches.append(
-                {
-                    "name": patch.name,
-                    "status": str(found.status),
-                    "detail": found.detail,
-                }
-            )
+            found.append(_need(patch.name, patch.pr, readings.get(patch.name, [])))
         except Exception as e:
-            patches.append(
-                {
-                    "name": patch.name,
-                    "status": "error",
-                    "detail": f"{type(e).__name__}: {e}",
-                }
-            )
-    affected = {str(Status.NEEDED), str(Status.PATCHED), str(Status.ALREADY)}
+            why = f"could not read ({type(e).__name__}: {e})"
+            found.append(Need(patch.name, patch.pr, MAYBE, why[:300]))
+    return found
+
+
+def _shell() -> str:
+    """The switches as this shell has them."""
+    names = (switch.PLUGINS_ENV, switch.ENV, switch.DISABLE_ENV)
+    shown = [
+        f"{n}={os.environ[n]!r}" if n in os.environ else f"{n} unset" for n in names
+    ]
+    return (
+        f"read from this shell ({', '.join(shown)}); a server started from "
+        "another shell, unit or container reads its own, which may differ"
+    )
+
+
+def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
+    """``(verdict, why, simulated)``: load the plugins as ``check`` does and
+    see whether every needed fix comes out installed."""
+    from vllm_capture_guard.runtime.patches import FIXED, Status
+    from vllm_capture_guard.runtime.plugin import report
+    from vllm_capture_guard.tools.guard import load_plugins_as_worker
+
+    wanted = [n for n in found if n.affects]
+    if not wanted:
+        why = "this vLLM's source needs none of the fixes"
+        unread = list(dict.fromkeys(w for n in found for w in n.unread))
+        if unread:
+            why += f"; not read on this host: {', '.join(unread)}"
+        return "not affected", why, False
+    judged = load_plugins_as_worker("status")
+    done = report()
+    if done is None:
+        reasons = host.not_loaded_because or judged.not_loaded_because
+        return "no", "the guard is not loaded: " + "; ".join(reasons), False
+    if done.action == "disabled":
+        return "no", f"{switch.ENV}=off: the guard does nothing", False
+    problems = list(done.failures)
+    for need in wanted:
+        outcome = done.outcomes.get(need.name)
+        if outcome is None:
+            problems.append(f"{need.name} was not applied")
+        elif outcome.status is Status.DISABLED:
+            problems.append(f"{need.name} is listed in {switch.DISABLE_ENV}")
+        elif outcome.status is Status.INCOMPLETE:
+            problems.append(f"{need.name} is incomplete ({outcome.warning})")
+        elif outcome.status not in FIXED:
+            problems.append(f"{need.name}: {outcome.status} ({outcome.detail})")
+    if problems:
+        return "no", "; ".join(problems), False
+    simulated = not host.rocm and host.mode == switch.Mode.AUTO.value
+    why = "the guard applies " + ", ".join(n.name for n in wanted)
+    if simulated:
+        why += (
+            "; judged for the ROCm path, as check does (on this host, not ROCm, "
+            "auto leaves vLLM alone)"
+        )
+    return "yes", why, simulated
+
+
+def facts() -> dict[str, Any]:
+    """What ``status`` reports, as one JSON-able dict (``exit``: its code)."""
+    from vllm_capture_guard.runtime.plugin import report
+    from vllm_capture_guard.tools import support
+    from vllm_capture_guard.tools.guard import warnings
+    from vllm_capture_guard.tools.tree.command import status_line
+
+    told = story()  # this host, before anything is loaded here
+    shell = _shell()  # before the tools' own "auto counts as on"
+    found = needs()  # read before the plugin patches this process
+    in_tree = status_line()
+    verdict, why, simulated = protection(told, found)
+    done = report()
+    outcomes = {} if done is None else done.outcomes
     unsupported = support.problem()
     return {
         "ok": True,
@@ -50,42 +189,69 @@ def facts() -> dict[str, Any]:
         "unsupported_because": unsupported,
         "platform": told.platform,
         "rocm": told.rocm,
-        "patches": patches,
-        "affected": any(p["status"] in affected for p in patches),
-        "in_tree_fix": status_line(),
+        "patches": [
+            {
+                "name": n.name,
+                "pr": n.pr,
+                "status": n.state,
+                "detail": n.detail,
+                "guard": str(outcomes[n.name].status) if n.name in outcomes else None,
+            }
+            for n in found
+        ],
+        "affected": any(n.affects for n in found),
+        "in_tree_fix": in_tree,
         "mode": told.mode,
         "mode_warning": told.mode_problem,
         "loaded": told.loaded,
         "not_loaded_because": told.not_loaded_because,
         "active": told.acts,
         "guard": told.line(),
+        "environment": shell,
+        "protected": verdict,
+        "protected_because": why,
+        "simulated": simulated,
+        "warnings": warnings(told),
+        "exit": 1 if verdict == "no" else 0,
     }
 
 
+def lines(found: dict[str, Any]) -> list[str]:
+    out = [
+        f"{PREFIX} {found['guard_version']}",
+        f"vLLM:        {found['vllm']}",
+        f"platform:    {found['platform']}{'' if found['rocm'] else ' (not ROCm)'}",
+        "fixes, read from vLLM's source:",
+    ]
+    out += [f"  {p['name']}: {p['status']}: {p['detail']} (PR {p['pr']})"
+            for p in found["patches"]]  # fmt: skip
+    affected = "yes" if found["affected"] else "no"
+    out.append(
+        f"affected:    {affected} (by reading; `vllm-capture-guard check` runs "
+        "the capture)"
+    )
+    if found["unsupported_because"]:
+        out.append(f"supported:   no: {found['unsupported_because']}")
+    out.append(f"in-tree fix: {found['in_tree_fix']}")
+    out.append(found["guard"])
+    out.append(f"environment: {found['environment']}")
+    verdict = found["protected"]
+    out.append(f"protected:   {verdict} ({found['protected_because']})")
+    return out
+
+
 def main(as_json: bool = False) -> int:
-    """``vllm-capture-guard status``: 0 printed, 2 could not run."""
-    from vllm_capture_guard.tools.failure import could_not_run, one_line
+    """``vllm-capture-guard status``: 0 protected or not affected, 1 affected
+    and not protected, 2 could not run."""
+    from vllm_capture_guard.tools.failure import could_not_run, one_line, warn
 
     try:
         found = facts()
     except Exception as e:
         return could_not_run("status", one_line(e), as_json)
+    warn(found["warnings"])
     if as_json:
         print(json.dumps(found, indent=2))
-        return 0
-    print(f"{PREFIX} {found['guard_version']}")
-    print(f"vLLM:        {found['vllm']}")
-    print(f"platform:    {found['platform']}{'' if found['rocm'] else ' (not ROCm)'}")
-    for p in found["patches"]:
-        if p["status"] == "error":
-            print(f"  {p['name']}: could not check ({p['detail']})")
-        else:
-            print(f"  {p['name']}: {p['status']} ({p['detail']})")
-    print(f"affected:    {'yes' if found['affected'] else 'no'}")
-    if found["unsupported_because"]:
-        print(f"supported:   no: {found['unsupported_because']}")
-    print(f"in-tree fix: {found['in_tree_fix']}")
-    if found["mode_warning"]:
-        print(f"warning:     {found['mode_warning']}", file=sys.stderr)
-    print(found["guard"])
-    return 0
+    else:
+        print("\n".join(lines(found)))
+    return found["exit"]

@@ -78,8 +78,7 @@ def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
         return could_not_run("audit", unknown, as_json)
     try:
         from vllm_capture_guard.tools.audit.run import run_audit
-        from vllm_capture_guard.tools.check import guard_warnings
-        from vllm_capture_guard.tools.guard import finish
+        from vllm_capture_guard.tools.guard import finish, warnings
         from vllm_capture_guard.tools.harness import make_vllm_config
 
         told = load_plugins_as_worker("audit")
@@ -92,9 +91,12 @@ def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
     try:
         result = run_audit(backends, guard_mode=told.mode)
         result.guard_line = finish(told).line()
-        result.guard_warnings = guard_warnings()
+        result.guard_warnings = warnings(told)
     except Exception as e:
         return could_not_run("audit", error_text(e), as_json)
+    from vllm_capture_guard.tools.failure import warn
+
+    warn(result.guard_warnings)
     if as_json:
         from vllm_capture_guard.tools.audit.schema import to_json
 

@@ -22,7 +22,7 @@ from vllm_capture_guard.tools.audit.schema import (
     Sequenced,
     Severity,
 )
-from vllm_capture_guard.tools.contract import FieldWrite
+from vllm_capture_guard.tools.contract import DEVICE, FieldWrite
 
 
 def coverage_line(result: AuditResult) -> str:
@@ -60,30 +60,39 @@ def verdict_line(result: AuditResult) -> str:
     return "OK: no built backend's capture writes shared CPU metadata"
 
 
-def _sequenced_lines(name: str, s: Sequenced) -> list[str]:
+#: Said once under the findings: why device-side ones are no hazard.
+EXPECTED = (
+    "capture-time only: a capture's writes to device buffers (seq_lens set to "
+    "1; ROCM_ATTN zeroes query_start_loc against a kernel fault, vLLM #25985) "
+    "and what later builders derive from them while graphs are captured; the "
+    "runner fills these buffers again before every replay, so no graph replays "
+    "them"
+)
+_DEVICE_ONLY = (Severity.DEVICE, Severity.BUILDER)
+
+
+def _sequenced_lines(name: str, s: Sequenced) -> list[tuple[str, bool]]:
     lines = []
     failed = [r for r in s.per_batch if r.verdict is Severity.FAILS]
     if failed:
-        lines.append(
+        lines.append((
             f"{name} -> {s.later}: FAILS after this capture in {len(failed)}/"
-            f"{len(s.per_batch)} batches: {failed[0].error}"
-        )
+            f"{len(s.per_batch)} batches: {failed[0].error}", False,
+        ))  # fmt: skip
     paths: dict[str, tuple[str, Any]] = {}
     for row in s.per_batch:
         for d in row.differences:
             paths.setdefault(d.path, (row.batch, d))
     for path, (batch, d) in paths.items():
-        lines.append(
+        lines.append((
             f"{name} -> {s.later}: {path} ({d.severity}) differs; {batch}: "
-            f"alone {d.alone}, after {d.sequenced}"
-        )
+            f"alone {d.alone}, after {d.sequenced}", d.severity in _DEVICE_ONLY,
+        ))  # fmt: skip
     return lines
 
 
-def findings(result: AuditResult) -> list[str]:
-    """Each shared field a capture wrote (values from the first batch that
-    wrote it) and, per later builder, each place where its metadata after
-    this capture differs from its metadata alone."""
+def _findings(result: AuditResult) -> list[tuple[str, bool]]:
+    """(line, device-side only) for each finding."""
     lines = []
     for b in result.backends:
         by_field: dict[str, list[tuple[str, FieldWrite]]] = {}
@@ -91,13 +100,36 @@ def findings(result: AuditResult) -> list[str]:
             by_field.setdefault(w.field, []).append((batch, w))
         for field, hits in by_field.items():
             batch, w = hits[0]
-            lines.append(
+            lines.append((
                 f"{b.name} wrote {field} ({w.side}) in {len(hits)}/"
-                f"{len(b.captures)} batches; {batch}: {w.before} -> {w.after}"
-            )
+                f"{len(b.captures)} batches; {batch}: {w.before} -> {w.after}",
+                w.side == DEVICE,
+            ))  # fmt: skip
         for s in b.sequenced:
             lines += _sequenced_lines(b.name, s)
     return lines
+
+
+def findings(result: AuditResult) -> list[str]:
+    """Each shared field a capture wrote (values from the first batch that
+    wrote it) and, per later builder, each place where its metadata after
+    this capture differs from its metadata alone."""
+    return [line for line, _ in _findings(result)]
+
+
+def expected_line(result: AuditResult) -> str | None:
+    """One line on the device-side findings: expected, and why."""
+    found = _findings(result)
+    device = sum(only for _, only in found)
+    if not device:
+        return None
+    if device == len(found):
+        return f"expected: all {device} findings above are device-side, " + EXPECTED
+    return (
+        f"expected: {device} of the {len(found)} findings above are device-side, "
+        + EXPECTED
+        + "; the others are not"
+    )
 
 
 def skipped_lines(skipped: list[BackendReport]) -> list[str]:
@@ -140,7 +172,6 @@ def lines(result: AuditResult) -> list[str]:
     out = [
         f"vllm-capture-guard audit of vLLM {result.vllm}",
         guard_line(result),
-        *[f"guard warning: {w}" for w in result.guard_warnings],
         *batches_line(result).splitlines(),
     ]
     built = [b for b in result.backends if b.status is Built.BUILT]
@@ -154,6 +185,9 @@ def lines(result: AuditResult) -> list[str]:
     if found:
         out.append("findings:")
         out += ["  " + line for line in found]
+    expected = expected_line(result)
+    if expected:
+        out.append(expected)
     out += [coverage_line(result), verdict_line(result)]
     return out
 

@@ -6,13 +6,16 @@ Exit codes: ``--check`` 0 nothing to do (fixed upstream, or already carries
 the in-tree fix), 1 the tree needs the fix, 2 the tree is not recognised.
 ``--diff``, ``--apply`` and ``--revert`` exit 0 when done (an empty diff and
 a no-op count as done) and 2 when they refuse; a refusal writes nothing.
-Messages go to stdout, except with ``--diff``, whose stdout is only the diff.
+Findings and results go to stdout (with ``--diff``: to stderr, its stdout
+is only the diff); every exit 2 gives its reason on one line on stderr.
+``--check --json`` prints one JSON object instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import sys
 from typing import Any, TextIO
 
@@ -48,7 +51,10 @@ Exit codes:
   --diff, --apply, --revert    0 done (an empty diff and a no-op count as
                                done), 2 refused; a refusal writes nothing
 
-Messages go to stdout, except with --diff, whose stdout is only the diff.
+Findings and results go to stdout (with --diff: to stderr, its stdout is
+only the diff); every exit 2 gives its reason on one line on stderr.
+--json (with --check only): one JSON object on stdout, the reason of an
+exit 2 included.
 """
 PROG = "vllm-capture-guard patch"
 MODES = ("check", "diff", "apply", "revert")
@@ -67,7 +73,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    mode = p.add_mutually_exclusive_group(required=True)
+    # not required here: the CLI names an unknown option first (check_args)
+    mode = p.add_mutually_exclusive_group()
     for name, text in (
         ("check", "exit 0 if nothing to do, 1 if the tree needs the fix, 2 if "
          "it is not recognised"),
@@ -85,7 +92,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="a vLLM source checkout (folder holding vllm/) or a vllm package "
         "folder; default: the vLLM this Python imports (not imported to find it)",
     )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="with --check: one JSON object on stdout (the findings and verdict)",
+    )
     return p
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 (argparse's way) without a mode, or with --json but not --check."""
+    if args.patch_mode is None:
+        parser.error("one of --check, --diff, --apply, --revert is required")
+    if args.json and args.patch_mode != "check":
+        parser.error(
+            "--json goes with --check only (--diff prints the diff; --apply and "
+            "--revert print what they wrote)"
+        )
 
 
 def _print_findings(plan: Plan, out: TextIO) -> None:
@@ -117,12 +140,13 @@ def diff_bytes(plan: Plan) -> bytes:
     )
 
 
+def _unrecognised(plan: Plan) -> str:
+    return "; ".join(f"{f.rel}: {f.detail}" for f in plan.refused)
+
+
 def _refuse_if_unrecognised(plan: Plan) -> None:
     if plan.refused:
-        raise Refused(
-            "not recognised, nothing written:\n"
-            + "\n".join(f"  {f.rel}: {f.detail}" for f in plan.refused)
-        )
+        raise Refused(f"not recognised, nothing written: {_unrecognised(plan)}")
 
 
 def _write(tree: Tree, changes: list[Change], sources: list[str]) -> list[str]:
@@ -210,21 +234,53 @@ def revert(tree: Tree) -> int:
     return 0
 
 
+VERDICTS = (
+    "nothing to do",
+    f"the tree needs the fix ({PROG} --apply, or --diff)",
+    "not recognised; nothing would be written",
+)
+
+
+def _refusal(text: str) -> None:
+    """An exit 2's reason: one line on stderr."""
+    print(" ".join(text.split()), file=sys.stderr)
+
+
+def check_json(plan: Plan) -> dict[str, Any]:
+    """``--check --json``: the findings and the verdict."""
+    code = plan.check_code
+    out: dict[str, Any] = {
+        "ok": code != 2,
+        "command": "patch --check",
+        "tree": plan.tree.describe(),
+        "exit": code,
+        "verdict": VERDICTS[code].split(" (")[0],
+        "findings": [
+            {"fix": f.fix, "pr": f.pr, "file": f.rel, "state": str(f.state),
+             "detail": f.detail}
+            for f in plan.findings
+        ],
+    }  # fmt: skip
+    if code == 2:
+        out["error"] = f"not recognised: {_unrecognised(plan)}"
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    mode = args.patch_mode
+    mode, as_json = args.patch_mode, getattr(args, "json", False)
     out = sys.stderr if mode == "diff" else sys.stdout
     try:
         tree = find_tree(args.tree)
         if mode == "check":
             plan = make_plan(tree)
-            _print_findings(plan, out)
             code = plan.check_code
-            print(
-                ("verdict: nothing to do", "verdict: the tree needs the fix "
-                 f"({PROG} --apply, or --diff)", "verdict: not recognised; "
-                 "nothing would be written")[code],
-                file=out,
-            )  # fmt: skip
+            if as_json:
+                print(json.dumps(check_json(plan), indent=2))
+                return code
+            _print_findings(plan, out)
+            print(f"verdict: {VERDICTS[code]}", file=out)
+            if code == 2:
+                _refusal(f"{PROG}: not recognised: {_unrecognised(plan)}")
             return code
         if mode == "diff":
             plan = make_plan(tree)
@@ -237,11 +293,14 @@ def run(args: argparse.Namespace) -> int:
         with tree_lock(tree.package):  # concurrent runs, one after the other
             return apply(tree) if mode == "apply" else revert(tree)
     except (TreeError, Refused, WriteError) as e:
-        print(f"{PROG}: refused: {e}", file=out)
-        return 2
+        why = f"{PROG}: refused: {e}"
     except OSError as e:  # a file we cannot read: not "needs the fix"
-        print(f"{PROG}: could not read the tree: {e}", file=out)
-        return 2
+        why = f"{PROG}: could not read the tree: {e}"
+    if as_json:
+        print(json.dumps({"ok": False, "command": "patch --check", "error": why}))
+    else:
+        _refusal(why)
+    return 2
 
 
 def verdict(tree: Tree | None = None) -> dict[str, Any]:
@@ -263,17 +322,30 @@ def verdict(tree: Tree | None = None) -> dict[str, Any]:
 
 
 def status_line(tree: Tree | None = None) -> str:
-    """One line for ``vllm-capture-guard status``, from the marker scan."""
+    """One line for ``vllm-capture-guard status``, from the marker scan: each
+    fix once, however many files it spans."""
     try:
         plan = make_plan(tree or find_tree())
     except TreeError as e:
         return f"not checked ({e})"
+    fixes: dict[str, list[model.Finding]] = {}
+    for f in plan.findings:
+        fixes.setdefault(f.fix, []).append(f)
     states = {f.state for f in plan.findings}
-    prs = ", ".join(f"PR {f.pr}" for f in plan.findings if f.state == model.APPLIED)
+    prs = ", ".join(
+        dict.fromkeys(f"PR {f.pr}" for f in plan.findings if f.state == model.APPLIED)
+    )
     if model.APPLIED in states and states <= {
         model.APPLIED,
         model.UPSTREAM,
         model.ABSENT,
     }:
         return f"yes: this vLLM's files carry the backports ({prs})"
-    return "no (" + "; ".join(f"{f.fix}: {f.state}" for f in plan.findings) + ")"
+    if states <= {model.UPSTREAM, model.ABSENT}:
+        return "not needed: this vLLM's files are fixed upstream"
+    parts = []
+    for fix, found in fixes.items():
+        state = model.combined([f.state for f in found])
+        files = f", {len(found)} files" if len(found) > 1 else ""
+        parts.append(f"{fix}: {state}{files}")
+    return "no (" + "; ".join(parts) + f"; `{PROG} --check` names the files)"

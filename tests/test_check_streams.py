@@ -1,0 +1,58 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``check``'s judgement of the capture stream (PR #53818) on vLLM's own three
+capture sites, and the size of ``check --json``."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import run_fresh
+from tests.test_cli import _streams_fail_unguarded
+from vllm_capture_guard.tools import check
+from vllm_capture_guard.tools.harness import streams
+
+
+def test_each_site_is_judged_and_one_that_cannot_be_driven_is_named(monkeypatch):
+    """In this process the guard never loads: vLLM's sites as shipped. A site
+    whose drive raises is "not checked", never a PASS."""
+    fails = _streams_fail_unguarded()
+
+    def broken(recorder):
+        raise RuntimeError("stand-in: this release's site takes other attributes")
+
+    monkeypatch.setitem(streams.DRIVERS, "gemma4", broken)
+    sites = streams.check_sites()
+    assert [s.site for s in sites] == [
+        "CudaGraphManager.capture",
+        "EncoderCudaGraphManager._capture_budget_graph",
+        "Gemma4Proposer._setup_centroids_cuda_graphs",
+    ]
+    for site in sites[:2]:
+        assert site.streams and site.ok is (not fails), site
+    assert sites[2].ok is None and "RuntimeError: stand-in" in sites[2].error
+    result = check.SeedResult("?", None, True, [], {}, streams=sites)
+    (judged,) = check.judge(result)
+    line = judged.line()
+    assert f"{'FAIL, 2/2' if fails else 'PASS, 2/2'} sites" in line, line
+    assert "not checked: Gemma4Proposer._setup_centroids_cuda_graphs (Runtime" in line
+    assert check.passed([judged]) is (not fails)
+
+
+def test_check_json_is_a_summary_per_check_and_backend():
+    proc = run_fresh(
+        ["-m", "vllm_capture_guard", "check", "--json"], VLLM_CAPTURE_GUARD="on"
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert len(proc.stdout) < 16_000, len(proc.stdout)  # --trace has every size
+    found = json.loads(proc.stdout)
+    assert found["ok"] is True and "runs" not in found
+    sizes = found["capture_sizes"]
+    assert (sizes["largest"], sizes["smallest"]) == (512, 1) and sizes["count"] >= 50
+    names = [c["name"] for c in found["checks"]]
+    assert names[0] == "MiniMax-M3 indexer after ROCM_ATTN"
+    assert names[-1] == "capture on the current stream (PR #53818)"
+    assert all(c["ok"] for c in found["checks"]), found["checks"]
+    for name, backend in found["backends"].items():
+        assert backend["runs"] == backend["passed"] == sizes["count"], name
+    assert [s["ok"] for s in found["sites"]] == [True] * 3
+    assert "AITER's kernels" in found["does_not_show"]
