@@ -77,8 +77,10 @@ def render(data: dict) -> str:
         "",
         "## Per case",
         "",
-        "`capture offsets` is the device `query_start_loc` that the graph was",
-        "captured with (ROCM_ATTN zeroes it, vLLM #25985).",
+        "`capture offsets` is the device `query_start_loc` as the capture left",
+        "it, read right after the builders ran and before the buffers were",
+        "refilled for replay (ROCM_ATTN zeroes it, vLLM #25985; the AITER",
+        "unified builder keeps it, PR #53821).",
         "",
         "| kernel | builder | dtype | path | capture offsets | batches "
         "| max abs error | control error | in tolerance | control out |",
@@ -96,8 +98,29 @@ def render(data: dict) -> str:
             f"| {all(s['within_tolerance'] for s in steps)} "
             f"| {not c['control_within_tolerance']} |"
         )
+    lines += _host_by_device(data.get("host_by_device"))
     lines += _capture_stream(data.get("capture_stream"))
     return "\n".join(lines) + "\n"
+
+
+def _host_by_device(found: dict | None) -> list[str]:
+    """The host rule where the device fields are on the GPU."""
+    if not found:
+        return []
+    pinned = found.get("pinned_copies")
+    return [
+        "",
+        "## Host values by where they live",
+        "",
+        "Runner buffers on the GPU, host offsets pinned; a vendor's capture",
+        "zeroes a host view of the offsets under a neutral name.",
+        "",
+        f"- without the guard: the indexer fails: `{found.get('unguarded')}`",
+        f"- with it: the neutral view kept: {found.get('neutral_view_kept')}; the "
+        f"capture's copies pinned (view, offsets): {pinned}; device offsets after "
+        f"capture: {found.get('device_offsets_at_capture')} (the runner's buffer); "
+        f"graph replay equals eager: {found.get('graph_equals_eager')}",
+    ]
 
 
 def _capture_stream(found: dict | None) -> list[str]:

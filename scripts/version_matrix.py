@@ -6,14 +6,15 @@ For each vLLM release, in its own environment (``.envs/vllm-X`` first on
 ``PYTHONPATH``, or the venv's own vLLM; see ``scripts/make-envs.sh``):
 
 1. facts, in one fresh interpreter: the seed capture scenario (every ROCm
-   backend x batch) with no plugin loaded; which patches the installed vLLM
-   needs, judged by behaviour; then ``vllm.plugins.load_general_plugins()``
-   with ``VLLM_CAPTURE_GUARD=on`` as a worker does, what the guard did, whether
-   every attribute of vLLM's ROCm builder classes is still the very same
-   object, and the seed scenario again;
-2. the test suite (pytest); the ``oracle`` tests run once, with the base venv,
-   since they start every release themselves, and so do the ``once`` tests,
-   which do not depend on the release (packaging, for instance).
+   backend x batch) with no plugin loaded, and what the tools read in the
+   installed code (the capture-stream sites); then
+   ``vllm.plugins.load_general_plugins()`` with ``VLLM_CAPTURE_GUARD=on`` as a
+   worker does, what the guard did, the seed scenario again, and what the
+   guard saw each builder's capture write;
+2. the test suite (pytest), as jobs that run two at a time: each release's
+   own tests; the ``oracle`` tests once, with the base venv (they start every
+   release themselves), and the ``once`` tests, which do not depend on the
+   release (packaging, for instance).
 
 ``--write`` writes docs/version-matrix.md and the README's table between the
 ``version-matrix`` markers; ``--check`` fails if the README's table is not what
@@ -74,35 +75,36 @@ def _seed_summary(result) -> dict:
 
 def facts() -> dict:
     """What the guard finds and does on the vLLM of this interpreter."""
+    import vllm.plugins
+
     from vllm_capture_guard.runtime import plugin, switch
     from vllm_capture_guard.runtime.patches import PATCHES
+    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as guard
+    from vllm_capture_guard.tools import static
     from vllm_capture_guard.tools.check import run_seed
     from vllm_capture_guard.tools.harness import seed_backends
-    from vllm_capture_guard.tools.identity import around_plugin_load
 
     os.environ[switch.ENV] = switch.Mode.ON.value
-    unguarded = _seed_summary(run_seed())
-    needed = {}
-    for patch in PATCHES:
-        try:
-            needed[patch.name] = patch.inspect().status.value
-        except Exception as e:
-            needed[patch.name] = f"error: {type(e).__name__}"
-    classes = around_plugin_load()
+    unguarded = _seed_summary(run_seed())  # before the plugin loads
+    read = {
+        "rocm-attn-cpu-offsets": [dataclasses.asdict(r) for r in static.host_writers()],
+        "graph-capture-stream": [dataclasses.asdict(r) for r in static.stream_sites()],
+    }
+    vllm.plugins.load_general_plugins()  # as a worker does
+    guarded = _seed_summary(run_seed())
     report = plugin.report()
     return {
         "vllm": plugin.vllm_version(),
         "backends": list(seed_backends()),
         "unguarded": unguarded,
-        "needed": needed,
-        # patches with no backend of the seed scenario: judged from source
-        "no_backend": [p.name for p in PATCHES if not p.backends],
+        "read": read,
+        "patches": [p.name for p in PATCHES],
         "guard_action": report.action,
         "outcomes": {
             name: [o.status.value, o.detail] for name, o in report.outcomes.items()
         },
-        "classes": classes,
-        "guarded": _seed_summary(run_seed()),
+        "wrote": {name: dict(seen["wrote"]) for name, seen in guard.SEEN.items()},
+        "guarded": guarded,
         "in_tree": _in_tree_facts(),
     }
 
@@ -254,36 +256,33 @@ def _capture(summary: dict, backend: str) -> str:
     return f"**fails** ({entry['runs'] - entry['ok']}/{entry['runs']}: {errors})"
 
 
-def _untouched(f: dict) -> str:
-    parts = []
-    for key, entry in f["classes"].items():
-        if "unavailable" in entry:
-            parts.append(f"{key}: not importable here")
-        elif not entry["same_class"]:
-            parts.append(f"{key}: now `{entry['now']}`")
-        elif entry["changed"]:
-            parts.append(f"{key}: patched ({', '.join(entry['changed'])})")
-        else:
-            parts.append(f"{key}: same ({entry['attributes']} attributes)")
-    return "; ".join(parts)
+def _wrote(f: dict) -> str:
+    """What each builder class's capture wrote, told by the guard from its
+    own copies during the guarded run (kept from the other builders)."""
+    cells = []
+    for name, fields in sorted(f["wrote"].items()):
+        what = ", ".join(f"`{k}`" for k in fields) or "nothing"
+        cells.append(f"{name}: {what}")
+    return "<br>".join(cells) or "no capture ran"
 
 
 def _patches(f: dict) -> str:
-    """One line per patch: what the guard did, or (no outcome: its module was
-    not imported) what ``inspect()`` found."""
+    """One line per patch: what the guard did (no outcome: its modules were
+    not imported)."""
     cells = []
-    for name in f["needed"]:
-        status = f["outcomes"].get(name, [f["needed"][name]])[0]
+    for name in f["patches"]:
+        status = f["outcomes"].get(name, ["not imported"])[0]
         cells.append(f"{name}: {status}")
     return "<br>".join(cells)
 
 
-def _no_backend(f: dict) -> list[str]:
-    """The affected cell's line for each patch that fixes no seed backend."""
-    return [
-        f"{name}: {f['needed'][name]} (from its source)"
-        for name in f.get("no_backend", [])
-    ]
+def _stream_read(f: dict) -> list[str]:
+    """The affected cell's line for the capture stream, by reading its sites."""
+    sites = f["read"]["graph-capture-stream"]
+    bad = [s["where"] for s in sites if s["needed"]]
+    if not bad:
+        return [f"capture stream: passes a stream ({len(sites)} sites, read)"]
+    return [f"capture stream: **passes none** ({len(bad)}/{len(sites)} sites, read)"]
 
 
 def _in_tree(f: dict) -> str:
@@ -295,21 +294,24 @@ def _in_tree(f: dict) -> str:
 
 
 def readme_section(results: dict) -> str:
-    affected = {v: any(s == "needed" for s in r["facts"]["needed"].values())
-                for v, r in results.items()}  # fmt: skip
+    affected = {
+        v: any(e.get("errors") for e in r["facts"]["unguarded"].values())
+        or any(s["needed"] for s in r["facts"]["read"]["graph-capture-stream"])
+        for v, r in results.items()
+    }
     lines = [
         START,
         "<!-- generated by scripts/version_matrix.py --write; do not edit -->",
         "| vLLM | affected (capture, no guard) | guard with "
-        "`VLLM_CAPTURE_GUARD=on` | capture with the guard | vLLM's classes "
-        "after loading | in-tree patch (`vllm-capture-guard patch`) |",
+        "`VLLM_CAPTURE_GUARD=on` | capture with the guard | what the guarded "
+        "captures wrote (kept) | in-tree patch (`vllm-capture-guard patch`) |",
         "|---|---|---|---|---|---|",
     ]
     for version, r in results.items():
         f = r["facts"]
         unguarded = "<br>".join(
             [f"{b}: {_capture(f['unguarded'], b)}" for b in f["backends"]]
-            + _no_backend(f)
+            + _stream_read(f)
         )
         guarded = "<br>".join(
             f"{b}: {_capture(f['guarded'], b)}" for b in f["backends"]
@@ -317,7 +319,7 @@ def readme_section(results: dict) -> str:
         lines.append(
             f"| {version} | {'**yes**' if affected[version] else 'no'}<br>"
             f"{unguarded} | {f['guard_action']}<br>{_patches(f)} | {guarded} | "
-            f"{_untouched(f).replace('; ', '<br>')} | {_in_tree(f)} |"
+            f"{_wrote(f)} | {_in_tree(f)} |"
         )
     lines.append(END)
     return "\n".join(lines)

@@ -72,11 +72,12 @@ NOT_WARMABLE = 90
 
 
 def _overlay(entries: list[str]) -> None:
-    """Put ``entries`` first on ``sys.path``; for each imported package that a
-    folder among them also holds, that folder's copy first on ``__path__``."""
+    """Put ``entries`` first on ``sys.path``, in their order; for each
+    imported package that a folder among them also holds, that folder's copy
+    first on ``__path__``, in the same order."""
     for entry in reversed(entries):
         sys.path.insert(0, entry)
-    for entry in entries:
+    for entry in reversed(entries):  # the first entry ends up first
         base = Path(entry)
         for name, module in list(sys.modules.items()):
             parts = name.split(".")
@@ -134,12 +135,14 @@ def _child(
         parent = sys.modules.get(PRELOAD)
         if parent is None or not parent.VERDICT["ok"]:
             raise NotWarmable("the warm parent failed its checks")
-        known = set(sys.path)
-        added = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        known = {os.path.abspath(p) for p in sys.path}
+        added = [
+            os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p
+        ]
         os.environ.clear()
         os.environ.update(env)
         os.environ["OMP_NUM_THREADS"] = "1"
-        _overlay([p for p in added if p not in known])
+        _overlay(list(dict.fromkeys(p for p in added if p not in known)))
         _same_release()
         _logging(env)
         sys.argv = list(args)

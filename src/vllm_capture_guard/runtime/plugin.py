@@ -3,14 +3,10 @@
 
 vLLM calls :func:`register` in every process it starts. It reads the switches
 and sets post-import hooks; it imports no vLLM attention module and
-initialises no CUDA/HIP. Every patch then applies the moment vLLM imports a
-module it changes (a process that never imports one, such as the API server,
-pays nothing), and all of them again right before vLLM makes its metadata
-builders (``AttentionGroup.create_metadata_builders``), so that classes
-defined or methods put back since the import are covered before any capture.
-
-What a patch did is logged once, and again only when it changes; a WARNING
-is never dropped. Nothing here ever raises into vLLM.
+initialises no CUDA/HIP. Every patch applies the moment vLLM imports a module
+it changes, and all of them again right before vLLM makes its metadata
+builders. What a patch did is logged once, and again when it changes; a
+WARNING is never dropped. Nothing here ever raises into vLLM.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ class Report:
     """What the plugin did in this process so far."""
 
     mode: str
-    action: str  # armed, patched, not needed, incomplete, disabled, skipped, failed
+    action: str  # armed, patched, incomplete, not needed, disabled, skipped, failed
     message: str
     outcomes: dict = dataclasses.field(default_factory=dict)  # name -> Outcome
     failures: list = dataclasses.field(default_factory=list)
@@ -41,8 +37,7 @@ _warned: set[str] = set()
 
 
 def _patches():  # noqa: ANN202
-    """The patches, imported only once the plugin acts."""
-    from vllm_capture_guard.runtime import patches
+    from vllm_capture_guard.runtime import patches  # only once the plugin acts
 
     return patches
 
@@ -61,9 +56,8 @@ def platform_name() -> tuple[bool, str]:
     from vllm.platforms import current_platform
 
     cls = type(current_platform)  # the class: Platform.__getattr__ would import
-    return bool(current_platform.is_rocm()), str(
-        getattr(cls, "device_name", None) or cls.__name__
-    )
+    name = getattr(cls, "device_name", None) or cls.__name__
+    return bool(current_platform.is_rocm()), str(name)
 
 
 def vllm_version() -> str:
@@ -93,16 +87,16 @@ def _summarise(report: Report) -> None:
 def _fail(log: logging.Logger, what: str, error: BaseException) -> None:
     failure = f"{what}: failed ({type(error).__name__}: {error})"
     with _lock:
-        if _report is not None and failure in _report.failures:
-            return  # said once already
         if _report is not None:
+            if failure in _report.failures:
+                return  # said once already
             _report.failures.append(failure)
             _summarise(_report)
     log.warning(f"{PREFIX}: {failure}; vLLM goes on without it.")
 
 
 def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
-    """Apply every patch to what vLLM has imported; log what changed."""
+    """Apply every patch to what vLLM has imported; log what is new."""
     log, s = log or _logger(), _patches().Status
     for patch in _patches().PATCHES:
         with _lock:
@@ -116,14 +110,15 @@ def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
             if outcome.status is s.UNAVAILABLE:
                 continue  # nothing imported yet
             before = _report.outcomes.get(patch.name)
-            changed = outcome != before and outcome.status is not s.ALREADY
-            new = before is None or changed
+            new = before is None or (
+                outcome != before and outcome.status is not s.ALREADY
+            )
             if new:
                 _report.outcomes[patch.name] = outcome
                 _summarise(_report)
             warn = bool(outcome.warning) and outcome.warning not in _warned
             _warned.add(outcome.warning or "")
-        if warn:  # a new warning is never dropped, whatever the status
+        if warn:  # a new warning is logged, whatever the status
             log.warning(f"{PREFIX}: {patch.name}: {outcome.warning}{when}")
         elif new:
             log.info(f"{PREFIX}: {outcome} on vLLM {vllm_version()}{when}")

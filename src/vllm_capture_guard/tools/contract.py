@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_capture_guard.runtime.shape import is_host_field
+from vllm_capture_guard.runtime.patches.rocm_attn_cpu_offsets import is_host_field
 
 
 class Choice(str, enum.Enum):
@@ -60,7 +60,7 @@ DEVICE = Side.DEVICE
 
 def field_side(name: str) -> Side:
     """``cpu`` for host values, ``device`` for everything else: the runtime's
-    one rule (:func:`vllm_capture_guard.runtime.shape.is_host_field`) on the
+    one rule (the runtime's ``is_host_field``) on the
     last part of a dotted path. Tested against every field that the supported
     vLLM releases declare on ``CommonAttentionMetadata``."""
     leaf = name.rsplit(".", 1)[-1].split("[", 1)[0].lower()

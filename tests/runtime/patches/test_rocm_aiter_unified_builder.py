@@ -2,7 +2,7 @@
 """ROCM_AITER_UNIFIED_ATTN gets its own builder (PR #53821): capture keeps the
 query offsets, which the AITER unified kernel reads at replay, and still sets
 seq_lens to 1. From outside it looks like 0.29.0: the class is where upstream
-put it, behaves as upstream's own tests expect, and pickles across a spawn."""
+put it, behaves as upstream's own tests expect, and pickles by name."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ CPU_PATCH = by_name("rocm-attn-cpu-offsets")
 
 @pytest.fixture
 def affected(unpatched, aiter_zeroes_offsets) -> None:
-    if not aiter_zeroes_offsets:
-        pytest.skip("this vLLM's AITER unified builder leaves the offsets alone")
+    """Every release where the AITER module imports: the backport goes on
+    fixed releases too (over vLLM's own builder, with the same capture)."""
 
 
 @pytest.mark.parametrize("batch", sc.DEFAULT_BATCHES, ids=sc.Batch.label)
@@ -116,59 +116,11 @@ print(json.dumps(out))
 
 
 def test_patched_release_passes_what_upstreams_tests_ask(aiter_zeroes_offsets):
+    """On every release where the module imports (0.29.0's own tests pass on
+    0.29.0 with the backport over vLLM's builder too)."""
     out, logs = run_snippet(AS_UPSTREAM_TESTS, VLLM_CAPTURE_GUARD="on")
     assert out == dict.fromkeys(out, True), out
     assert len(out) == 6
-
-
-#: A parent pickles the backport class and a spawned child unpickles it.
-SPAWN = """
-import json, multiprocessing as mp, pickle, sys
-
-def child(blob, load, queue):
-    try:
-        if load:
-            import vllm.plugins
-            vllm.plugins.load_general_plugins()
-        cls = pickle.loads(blob)
-        queue.put(["ok", cls.__name__, hasattr(cls, "build")])
-    except Exception as e:
-        queue.put(["error", type(e).__name__, str(e)])
-
-if __name__ == "__main__":
-    import vllm.plugins
-    vllm.plugins.load_general_plugins()
-    from vllm.v1.attention.backends.rocm_aiter_unified_attn import (
-        RocmAiterUnifiedAttentionBackend)
-    blob = pickle.dumps(RocmAiterUnifiedAttentionBackend.get_builder_cls())
-    ctx = mp.get_context("spawn")
-    out = {}
-    for load in (True, False):
-        queue = ctx.Queue()
-        p = ctx.Process(target=child, args=(blob, load, queue))
-        p.start()
-        out[str(load)] = queue.get(timeout=300)
-        p.join()
-    print(json.dumps(out))
-"""
-
-
-def test_backport_survives_a_spawn_boundary(tmp_path, aiter_zeroes_offsets):
-    if not aiter_zeroes_offsets:
-        pytest.skip("no backport class on this vLLM")
-    script = tmp_path / "spawn_pickle.py"
-    script.write_text(SPAWN)
-    from tests.conftest import run_fresh
-
-    proc = run_fresh([str(script)], VLLM_CAPTURE_GUARD="on")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
-
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["True"][:2] == ["ok", mod.BUILDER], out
-    kind, error, message = out["False"]
-    assert (kind, error) == ("error", "BackportUnavailable"), out
-    assert "load_general_plugins" in message and "vllm-capture-guard" in message
 
 
 def test_backport_capture_writes_no_offsets_at_all(affected):
@@ -268,7 +220,7 @@ def test_a_vendors_own_zeroing_capture_is_replaced_with_one_warning(aiter):
     outcome = PATCH.apply()
     assert outcome.status is Status.PATCHED
     assert (
-        "VendorAiterBackend's builder VendorAiterBuilder has a capture of its own"
+        "replaced the capture of VendorAiterBackend's builder VendorAiterBuilder"
         in (outcome.warning or "")
     ), outcome
     assert _offsets_after_capture(vendor, sc.Batch(4)) == sc.Batch(4).offsets()

@@ -47,8 +47,7 @@ FIXED = frozenset({Status.PATCHED, Status.ALREADY, Status.NOT_NEEDED})
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """What a patch found or did. ``warning``: fixed because in doubt.
-    ``data``: what ``install`` needs (a NEEDED plan)."""
+    """What a patch found or did; ``data``: what ``install`` needs."""
 
     patch: str
     status: Status

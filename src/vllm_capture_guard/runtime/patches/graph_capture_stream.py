@@ -1,52 +1,37 @@
 # SPDX-License-Identifier: Apache-2.0
 """Capture CUDA graphs on the current stream.
 
-What:
-    ``CudaGraphManager.capture`` (``vllm/v1/worker/gpu/cudagraph_utils.py``,
-    Model Runner V2), ``EncoderCudaGraphManager._capture_budget_graph``
+What: ``CudaGraphManager.capture`` (Model Runner V2,
+    ``vllm/v1/worker/gpu/cudagraph_utils.py``),
+    ``EncoderCudaGraphManager._capture_budget_graph``
     (``vllm/v1/worker/encoder_cudagraph.py``) and
     ``Gemma4Proposer._setup_centroids_cuda_graphs``
     (``vllm/v1/spec_decode/gemma4.py``).
-
-Symptom:
-    Start-up dies in full-graph capture, e.g. on ROCm with AITER (Kimi-K3,
-    TP8, MI355X, Model Runner V2): ``splitk workspace not initialized for the
-    current CUDA stream. Call aiter.opus_gemm_workspace_init()``.
-
-Cause:
-    These functions call ``torch.cuda.graph(...)`` with no stream, so torch
-    captures on its own side stream, not on the one that warm-up ran on;
-    state a kernel keeps per stream is missing there.
-
-Upstream:
-    vllm-project/vllm PR #53818, in 0.29.0: ``stream=current_stream()``.
-
-Affected:
-    0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them.
-
-Detected:
-    Not by reading: every site vLLM has imported gets the fix, and the
-    stream is filled in at run time, wherever the caller's is ``None``
-    (omitted, ``None``, or a variable that is ``None`` then). What the fix
-    cannot reach is read from the source, only to say so: a ``graph`` called
-    through anything but ``torch``, ``torch.cuda`` or ``torch.cuda.graph``
-    held in the module's globals (an alias on an attribute, say) makes the
-    status ``incomplete``, with a WARNING.
-
-How:
-    The class gets a copy of the function (same code, defaults, closure and
+Symptom: start-up dies in full-graph capture, e.g. on ROCm with AITER
+    (Kimi-K3, TP8, MI355X, Model Runner V2): ``splitk workspace not
+    initialized for the current CUDA stream. Call
+    aiter.opus_gemm_workspace_init()``.
+Cause: ``torch.cuda.graph(...)`` is called with no stream, so torch captures
+    on a side stream of its own, not the one the warm-up ran on; state a
+    kernel keeps per stream is missing there.
+Upstream: vllm-project/vllm PR #53818, in 0.29.0: ``stream=current_stream()``.
+Affected: 0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them.
+Detected: not by reading: every imported site gets the fix, and the stream
+    is filled in at run time wherever it is ``None`` (omitted, ``None``, or a
+    variable that is ``None`` then). The source is read only to say what the
+    fix cannot reach (a graph capture through an attribute, say): the status
+    is then ``incomplete``, with a WARNING.
+How: the class gets a copy of the function (same code, defaults, closure,
     decorators) whose globals read its module's live, except that a global
-    that *is* ``torch``, ``torch.cuda`` or ``torch.cuda.graph`` (whatever its
-    name: ``from torch.cuda import graph as g``) reads as a stand-in whose
-    ``graph`` is torch's own, given vLLM's ``current_stream()`` where the
-    stream is ``None``. torch itself is never changed, so no other code,
-    thread or library sees a different ``torch.cuda.graph``. (Setting torch's
+    that *is* ``torch``, ``torch.cuda`` or ``torch.cuda.graph``, under any
+    name (``from torch.cuda import graph as g``), reads as a stand-in whose
+    ``graph`` is torch's own given vLLM's ``current_stream()`` where the
+    stream is ``None``. torch itself is never changed: no other code, thread
+    or library sees another ``torch.cuda.graph``. (Setting torch's
     ``torch.cuda.graph.default_capture_stream`` during the call would reach
     any alias too, but it is process-global: another thread's capture would
-    take this thread's stream. The copy is kept to its own call.)
-
-Delete when:
-    The oldest vLLM this project supports is 0.29.0 or newer.
+    take this thread's stream.)
+Delete when: the oldest vLLM this project supports is 0.29.0 or newer.
 """
 
 from __future__ import annotations

@@ -1,71 +1,49 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ROCM_AITER_UNIFIED_ATTN capture must leave the query offsets alone.
+"""ROCM_AITER_UNIFIED_ATTN's capture leaves the query offsets alone.
 
-What:
-    ``get_builder_cls`` of ``RocmAiterUnifiedAttentionBackend`` (in
-    ``vllm.v1.attention.backends.rocm_aiter_unified_attn``) and of every
-    backend class derived from it.
-
-Symptom:
-    With the host-metadata fix alone the engine starts, but this backend still
-    captures its graphs after the shared device ``query_start_loc`` was zeroed,
-    and its kernel reads those offsets at replay (vLLM PR #53821).
-
-Cause:
-    In 0.27.x/0.28.0 the backend has no builder of its own: it returns
+What: ``get_builder_cls`` of ``RocmAiterUnifiedAttentionBackend``
+    (``vllm.v1.attention.backends.rocm_aiter_unified_attn``) and of every
+    backend class derived from it that has one of its own.
+Symptom: the backend captures its graphs after the shared device
+    ``query_start_loc`` was zeroed, and its kernel reads those offsets at
+    replay.
+Cause: in 0.27.x/0.28.0 the backend has no builder of its own; it returns
     ``RocmAttentionMetadataBuilder``, whose capture zeroes ``query_start_loc``
-    against a fault in a kernel this backend does not use (#25985).
-
-Upstream:
-    vllm-project/vllm PR #53821, in 0.29.0: its own
-    ``RocmAiterUnifiedAttentionMetadataBuilder``, whose capture sets
-    ``seq_lens`` to 1 and leaves ``query_start_loc`` alone.
-
-Affected:
-    0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them.
-
-Detected:
-    By reading (:mod:`..shape`), per backend class: left alone only if the
-    capture of the builder its ``get_builder_cls()`` returns hands the
-    metadata only to ``self.build`` and touches no ``query_start_loc*`` or
-    host field. Anything else gets the upstream builder; one in doubt, or a
-    capture that is not vLLM's own ROCm capture (a vendor's), with a WARNING.
-
-How:
-    ``get_builder_cls()`` returns a subclass of what it returned before, named
-    and placed like upstream's (for the base class also bound in the
-    backend's module, so code written for 0.29.0 finds it; it pickles by
-    reference to this module). Its capture does what upstream's does:
-    ``self.build(0, metadata)`` (vLLM's own ``build``), returned ``seq_lens``
-    set to 1, nothing else written. The differential oracle checks this
-    against 0.29.0 field by field.
-
-Delete when:
-    The oldest vLLM this project supports is 0.29.0 or newer.
+    against a fault in a kernel this backend does not use (vLLM #25985).
+Upstream: vllm-project/vllm PR #53821, in 0.29.0: its own builder, whose
+    capture sets ``seq_lens`` to 1 and leaves the offsets alone.
+Affected: 0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them.
+Detected: not at all: every such backend gets the upstream builder, on every
+    release (on 0.29.0 and later it does what vLLM's own does). Replacing a
+    capture that is neither vLLM's ROCm capture nor vLLM's own AITER builder's
+    (a vendor's) is said in a WARNING.
+How: ``get_builder_cls()`` returns a subclass of what it returned before,
+    named and placed like upstream's (bound in the backend's module under
+    upstream's name, over vLLM's own from 0.29.0 on; pickled by reference to
+    this module, where a process that loaded the plugin made it), whose
+    capture is
+    upstream's: ``self.build(0, metadata)`` (vLLM's own ``build``), returned
+    ``seq_lens`` set to 1, nothing else written.
+Delete when: the oldest vLLM this project supports is 0.29.0 or newer.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 from types import ModuleType
-from typing import Any
 
 from vllm_capture_guard.runtime import patches as base
-from vllm_capture_guard.runtime.shape import fixed_shape, is_host_field
 
 MODULE = "vllm.v1.attention.backends.rocm_aiter_unified_attn"
 BACKEND = "RocmAiterUnifiedAttentionBackend"
 BUILDER = "RocmAiterUnifiedAttentionMetadataBuilder"
 ROCM = ("vllm.v1.attention.backends.rocm_attn", "RocmAttentionMetadataBuilder")
 METHOD = "build_for_cudagraph_capture"
+GETTER = "get_builder_cls"
+_SAVED: dict = {}  # backend module -> what it bound as BUILDER before (or _SAVED)
 
 
-def _offsets_or_host(name: str) -> bool:
-    return name.startswith("query_start_loc") or is_host_field(name)
-
-
-def _builder_name(backend: type) -> str:
+def _name(backend: type) -> str:
     return BUILDER if backend.__name__ == BACKEND else f"{BUILDER}For{backend.__name__}"
 
 
@@ -78,25 +56,28 @@ def _own_builder(parent: type, name: str, pr: str) -> type:
         return attn_metadata
 
     build_for_cudagraph_capture.__qualname__ = f"{name}.{METHOD}"
-    doc = f"{parent.__name__} whose capture leaves the query offsets alone "
-    doc += f"(vllm-capture-guard backport of PR {pr})."
+    doc = f"{parent.__name__} with upstream's capture (backport of PR {pr})."
     attrs = {"__module__": __name__, "__qualname__": name, "__doc__": doc}
     return type(name, (parent,), {**attrs, METHOD: build_for_cudagraph_capture})
 
 
-def _vllms_rocm_capture() -> Any:
-    cls = getattr(sys.modules.get(ROCM[0]), ROCM[1], None)
-    return base.original_of(getattr(cls, METHOD, None))
+def _known_captures() -> set:
+    """vLLM's ROCm capture and vLLM's own AITER builder's (0.29.0 on)."""
+    found = set()
+    for module, cls in (ROCM, (MODULE, BUILDER)):
+        fn = vars(getattr(sys.modules.get(module), cls, object)).get(METHOD)
+        if fn is not None:
+            found.add(base.original_of(fn))
+    return found
 
 
 def backends() -> list[type]:
-    """The AITER unified backend and every backend class derived from it that
-    has a ``get_builder_cls`` of its own (the others inherit the fix)."""
+    """The AITER unified backend and every class derived from it that has a
+    ``get_builder_cls`` of its own (the others inherit the fix)."""
     root = getattr(sys.modules.get(MODULE), BACKEND, None)
     if not isinstance(root, type):
         return []
-    found = base.subclasses(root)
-    return [c for c in found if c is root or "get_builder_cls" in vars(c)]
+    return [c for c in base.subclasses(root) if c is root or GETTER in vars(c)]
 
 
 class RocmAiterUnifiedBuilder(base.Patch):
@@ -108,95 +89,63 @@ class RocmAiterUnifiedBuilder(base.Patch):
     def plan(self, module: ModuleType) -> base.Outcome:
         if not isinstance(getattr(module, BACKEND, None), type):
             raise LookupError(f"{MODULE} has no {BACKEND}")
-        todo, kept, warnings, guarded = [], [], [], []
-        for backend in backends():
-            if base.is_guarded(vars(backend).get("get_builder_cls")):
-                guarded.append(backend.__name__)
-                continue
-            parent = backend.get_builder_cls()
-            capture = base.original_of(getattr(parent, METHOD, None))
-            why = fixed_shape(capture, device_fields=False, forbidden=_offsets_or_host)
-            name = f"{backend.__name__}'s builder {parent.__name__}"
-            if why is None:
-                kept.append(f"{name} leaves query_start_loc alone")
-                continue
-            todo.append((backend, parent))
-            if not why.startswith("it touches"):
-                warnings.append(f"could not show by reading that {name} leaves the "
-                                f"query offsets alone ({why})")  # fmt: skip
-            elif capture is not _vllms_rocm_capture():
-                warnings.append(f"{name} has a capture of its own ({why}); "
-                                "it is replaced")  # fmt: skip
-        warning = warnings and (
-            "; ".join(warnings) + f", so it gets its own {BUILDER} as in vLLM 0.29.0 "
-            f"(backport of PR {self.pr})"
-        )
-        if todo:
-            detail = "; ".join(f"{b.__name__}: {p.__name__}'s capture zeroes "
-                               "query_start_loc" for b, p in todo)  # fmt: skip
-            warning = warning or None
-            return base.Outcome(self.name, base.Status.NEEDED, detail, warning, todo)
-        if guarded:
-            detail = f"{', '.join(guarded)}.get_builder_cls returns its own {BUILDER}"
+        todo = [b for b in backends() if not base.is_guarded(vars(b).get(GETTER))]
+        if not todo:
+            detail = f"{BACKEND}.{GETTER} returns its own {BUILDER}"
             return base.Outcome(self.name, base.Status.ALREADY, detail)
-        return base.Outcome(self.name, base.Status.NOT_NEEDED, "; ".join(kept))
+        known, data, vendors = _known_captures(), [], []
+        for backend in todo:
+            parent = backend.get_builder_cls()
+            data.append((backend, parent))
+            capture = base.original_of(getattr(parent, METHOD, None))
+            if capture not in known:
+                vendors.append(f"{backend.__name__}'s builder {parent.__name__}")
+        warning = vendors and (
+            f"replaced the capture of {', '.join(vendors)}, which is not vLLM's, "
+            f"with upstream's, which keeps query_start_loc (backport of PR {self.pr})"
+        )
+        detail = ", ".join(f"{b.__name__} ({p.__name__})" for b, p in data)
+        return base.Outcome(
+            self.name, base.Status.NEEDED, detail, warning or None, data
+        )
 
     def install(self, plan: base.Outcome) -> str:
-        done = []
         for backend, parent in plan.data:
-            name = _builder_name(backend)
+            name = _name(backend)
             builder = _own_builder(parent, name, self.pr)
 
             def get_builder_cls(builder: type = builder) -> type:
                 return builder
 
-            own = backend.__dict__.get("get_builder_cls")
-            setattr(get_builder_cls, base.MARKER, own)
+            setattr(get_builder_cls, base.MARKER, vars(backend).get(GETTER))
             globals()[name] = builder  # pickle finds it here, by name
-            if name == BUILDER:  # as in 0.29.0
-                setattr(sys.modules[backend.__module__], BUILDER, builder)
-            backend.get_builder_cls = staticmethod(get_builder_cls)
-            done.append(backend.__name__)
+            home = sys.modules[backend.__module__]
+            if name == BUILDER:  # bound where 0.29.0 binds its own
+                _SAVED.setdefault(home.__name__, getattr(home, BUILDER, _SAVED))
+                setattr(home, BUILDER, builder)
+            setattr(backend, GETTER, staticmethod(get_builder_cls))
         return (
-            f"{', '.join(done)}.get_builder_cls returns its own {BUILDER}, which "
-            f"keeps query_start_loc (backport of PR {self.pr})"
+            f"{plan.detail}: {GETTER} returns a builder with upstream's capture, "
+            f"which keeps query_start_loc (backport of PR {self.pr})"
         )
 
     def uninstall(self) -> bool:
         undone = False
         for backend in backends():
-            current = backend.__dict__.get("get_builder_cls")
+            current = vars(backend).get(GETTER)
             if not base.is_guarded(current):
                 continue
             own = getattr(current.__func__, base.MARKER)
             if own is None:
-                delattr(backend, "get_builder_cls")
+                delattr(backend, GETTER)
             else:
-                backend.get_builder_cls = own
-            name = _builder_name(backend)
-            if name == BUILDER:
-                sys.modules[backend.__module__].__dict__.pop(BUILDER, None)
+                setattr(backend, GETTER, own)
+            name, home = _name(backend), sys.modules[backend.__module__]
+            before = _SAVED.pop(home.__name__, _SAVED) if name == BUILDER else None
+            if before is _SAVED:
+                delattr(home, BUILDER)  # 0.27/0.28 had none
+            elif before is not None:
+                setattr(home, BUILDER, before)  # vLLM's own (0.29.0 on)
             globals().pop(name, None)
             undone = True
         return undone
-
-
-class BackportUnavailable(ImportError):
-    """Unpickling the backport where it was not made (an ``ImportError``:
-    pickle hides an ``AttributeError``'s message behind its own)."""
-
-
-def __getattr__(name: str) -> Any:
-    """Unpickling the backport: in a process that loaded vLLM's plugins,
-    importing the backend makes it."""
-    if not name.startswith(BUILDER):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    importlib.import_module(MODULE)
-    if name not in globals():
-        raise BackportUnavailable(
-            f"{name} is made by the vllm-capture-guard plugin when vLLM imports "
-            f"{MODULE} in a process that loaded vLLM's general plugins; this one "
-            "has not made it: call vllm.plugins.load_general_plugins() before "
-            "unpickling (and check VLLM_PLUGINS and VLLM_CAPTURE_GUARD*)"
-        )
-    return globals()[name]

@@ -66,3 +66,51 @@ def record() -> dict[str, Any]:
         "unavailable": unavailable,
         "cases": cases,
     }
+
+
+def record_backends() -> dict[str, Any]:
+    """Every registered backend the audit builds on this host: its capture at
+    the audit's batches, recorded as :func:`record_case` records (one group
+    each), with the plugins loaded as a worker loads them. Two such records,
+    guard off and on, compared by :func:`..compare.compare`, show whether the
+    guard changes what any capture does."""
+    import torch
+
+    from vllm_capture_guard.runtime import plugin
+    from vllm_capture_guard.tools.audit.build import Configs, Skip, build_subject
+    from vllm_capture_guard.tools.audit.registry import registered_backends
+    from vllm_capture_guard.tools.audit.run import AUDIT_BATCHES, _batches_for
+    from vllm_capture_guard.tools.guard import load_plugins_as_worker
+
+    load_plugins_as_worker()
+    # Workspaces a builder allocates and never writes hold whatever the memory
+    # held; torch fills them (NaN, or the largest integer) so that two runs
+    # compare. warn_only: an op without a deterministic kernel still runs.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    configs, cases, skipped = Configs(), {}, {}
+    spec_tokens = [b.speculative_tokens for b in AUDIT_BATCHES]
+    for entry in registered_backends():
+        key = f"{entry.registry}.{entry.name}"
+        try:
+            subject = build_subject(entry, configs, spec_tokens)
+        except Skip as e:
+            skipped[key] = str(e)
+            continue
+        for batch in _batches_for(subject.cudagraph_support, AUDIT_BATCHES):
+            builder = subject.builders[batch.speculative_tokens]
+            run = harness.capture([("audited", builder)], batch, record=True)
+            g = run.groups[0]
+            group = {"group": g.group, "builder": g.builder, "error": g.error,
+                     "error_site": g.error_site, **(g.record or {})}  # fmt: skip
+            cases[f"{key}/{batch.label()}"] = {
+                "backend": key, "batch": batch.label(), "groups": [group]
+            }  # fmt: skip
+    guard = plugin.report()
+    return {
+        "schema": SCHEMA,
+        "vllm": plugin.vllm_version(),
+        "guard_action": None if guard is None else guard.action,
+        "unavailable": skipped,
+        "cases": cases,
+    }

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Read a capture's source, never run it: does it have upstream's fixed shape?
 
-A patch leaves a class alone only when :func:`fixed_shape` finds nothing wrong
-with the capture that the class resolves. Everything that cannot be shown by
-reading is "in doubt", and the patch then fixes the class anyway:
+The tools' reader (``status``, the version matrix): the runtime guards every
+capture whatever this says. It says "fixed" only when :func:`fixed_shape`
+finds nothing wrong with the capture; everything that cannot be shown by
+reading is "in doubt":
 
 * the function must be a plain, undecorated ``def`` whose source can be read
   and whose names match the code that runs (a file changed after import does
@@ -25,22 +26,14 @@ import textwrap
 import types
 from collections.abc import Callable
 
-#: Host fields whose names do not say so (vLLM's runner fills ``is_prefilling``
-#: from ``num_computed_tokens_cpu``; ``rswa_prefix_lens`` is a CPU tensor).
-HOST_NAMES = frozenset({"is_prefilling", "rswa_prefix_lens", "req_idx"})
+from vllm_capture_guard.runtime.patches.rocm_attn_cpu_offsets import (
+    HOST_NAMES,
+    is_host_field,
+)
+
+__all__ = ["HOST_NAMES", "fixed_shape", "is_host_field"]
+
 _FORBIDDEN = frozenset({"eval", "exec", "locals", "vars", "globals", "setattr"})
-
-
-def is_host_field(name: str) -> bool:
-    """vLLM's naming of host values: ``*_cpu``, ``*_cpu_*``, ``*_np``,
-    ``*_host``, ``cpu_*``, ``host_*``, or one of :data:`HOST_NAMES`."""
-    leaf = name.lower()
-    return (
-        leaf.endswith(("_cpu", "_np", "_host"))
-        or leaf.startswith(("cpu_", "host_"))
-        or "_cpu_" in leaf
-        or leaf in HOST_NAMES
-    )
 
 
 def fixed_shape(
