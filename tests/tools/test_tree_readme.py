@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The README's two Dockerfile snippets for image builders, run without
-docker: their ``RUN`` commands, taken from the README as written, run in a
-shell against a copied tree.
+"""The two Dockerfile snippets for image builders (``docs/in-tree.md``, the
+page the README links for the in-tree form), run without docker: their
+``RUN`` commands, taken from the page as written, run in a shell against a
+copied tree.
 
 What is left out, and why: ``pip install`` / ``pip uninstall`` of this
 package (it is installed here already, and a test must not change the
@@ -33,12 +34,13 @@ from vllm_capture_guard.tools.cli import main
 from vllm_capture_guard.tools.tree.plan import FILES
 from vllm_capture_guard.tools.tree.source import MARKER_RE
 
-SECTION = "## The in-tree form, for image builders"
+PAGE = ROOT / "docs" / "in-tree.md"
+SECTION = "## In a Dockerfile"
 
 
 def dockerfiles() -> dict[str, list[str]]:
-    """``{"wheels" | "source": [lines]}`` from the README's section."""
-    text = (ROOT / "README.md").read_text()
+    """``{"wheels" | "source": [lines]}`` from the page's section."""
+    text = PAGE.read_text()
     assert SECTION in text
     section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```dockerfile\n(.*?)```", section, flags=re.S)
