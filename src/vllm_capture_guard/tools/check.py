@@ -24,33 +24,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
 
 from vllm_capture_guard.runtime.plugin import report, vllm_version
 from vllm_capture_guard.tools import harness
 from vllm_capture_guard.tools.contract import FieldWrite
 from vllm_capture_guard.tools.harness import Batch
-from vllm_capture_guard.tools.harness.streams import CRASH as STREAM_CRASH
 from vllm_capture_guard.tools.harness.streams import SiteRun
-
-#: The MiniMax-M3 start-up failure, as its traceback shows it.
-INDEXER_CRASH = (
-    'File "vllm/models/minimax_m3/common/indexer.py", in build: '
-    "assert decode_query_len > 0"
-)
-#: What a PASS shows, and what it does not (printed by ``check``).
-SHOWS = (
-    "a PASS shows: vLLM's own metadata builders and capture functions, run on "
-    "the CPU in the model runner's order with the guard loaded by vLLM's plugin "
-    "loader, keep what later builders read and hand vLLM's current stream to "
-    "torch.cuda.graph; only GPU-only pieces (graphs, streams, device kernels) "
-    "are stood in for"
-)
-DOES_NOT_SHOW = (
-    "it does not show: that AITER's kernels are satisfied on a GPU (no kernel "
-    "runs here), nor that a vendor runner's extra host field or capture site "
-    "is covered (check builds vLLM's own runner fields and drives vLLM's own "
-    "capture sites)"
+from vllm_capture_guard.tools.verdict import (  # noqa: F401 (check's API)
+    DOES_NOT_SHOW,
+    INDEXER_CRASH,
+    SHOWS,
+    Judgement,
+    judge,
+    passed,
+    summary,
+    verdict_lines,
 )
 
 
@@ -192,221 +180,6 @@ def run_check(
 
 
 # --- judging: one line per failure the guard fixes ------------------------------
-
-
-@dataclasses.dataclass
-class Judgement:
-    """One failure the guard fixes, judged on this vLLM."""
-
-    name: str  # the line's title
-    fix: str  # the runtime patch that fixes it
-    pr: str
-    #: True pass, False fail, None not checked here (``note`` says why)
-    ok: bool | None
-    passed: int
-    total: int
-    unit: str  # "capture sizes (512..1)", "sites"
-    #: what fails, naming the error an operator would search for
-    failure: str | None = None
-    note: str | None = None
-    #: tokens of each capture size that failed (seed checks)
-    failed_sizes: list[int] = dataclasses.field(default_factory=list)
-    #: "start-up" (the engine dies) or "replay" (graphs replay wrong offsets)
-    kind: str = "start-up"
-
-    def line(self) -> str:
-        if self.ok is None:
-            return f"{self.name}: not checked here ({self.note})"
-        if self.ok:
-            text = f"{self.name}: PASS, {self.passed}/{self.total} {self.unit}"
-            return text + (f"; not checked: {self.note}" if self.note else "")
-        bad = self.total - self.passed
-        text = f"{self.name}: FAIL, {bad}/{self.total} {self.unit} fail: "
-        text += self.failure or "?"
-        return text + (f"; not checked: {self.note}" if self.note else "")
-
-
-def _span(result: SeedResult) -> str:
-    if not result.sizes:
-        return "capture sequences"
-    return f"capture sizes ({result.sizes[0]}..{result.sizes[-1]})"
-
-
-def _size(run: SeedRun) -> str:
-    return f"{run.num_tokens} tokens" if run.num_tokens else f"batch {run.batch}"
-
-
-def _patch(name: str) -> Any:
-    from vllm_capture_guard.runtime.patches import by_name
-
-    return by_name(name)
-
-
-def _indexer(backend: str, runs: list[SeedRun], unit: str) -> Judgement:
-    patch = _patch("rocm-attn-cpu-offsets")
-    bad = [r for r in runs if not r.ok]
-    found = Judgement(
-        f"MiniMax-M3 indexer after {backend}", patch.name, patch.pr,
-        not bad, len(runs) - len(bad), len(runs), unit,
-        failed_sizes=[r.num_tokens for r in bad if r.num_tokens],
-    )  # fmt: skip
-    if bad:
-        first = bad[0]
-        where = f" at {first.error_site}" if first.error_site else ""
-        said = f": {first.error_line}" if first.error_line else ""
-        found.failure = f"{first.error}{where}{said} (first at {_size(first)})"
-    return found
-
-
-def _offsets(backend: str, runs: list[SeedRun], unit: str) -> Judgement:
-    """The AITER unified backend's capture must leave the device offsets
-    as the batch had them: its kernel reads them at replay (PR #53821)."""
-    patch = _patch("rocm-aiter-unified-builder")
-    bad = [r for r in runs if r.query_start_loc_after != r.query_start_loc_cpu_before]
-    found = Judgement(
-        f"{backend} keeps the query offsets its kernel reads (PR {patch.pr})",
-        patch.name, patch.pr, not bad, len(runs) - len(bad), len(runs), unit,
-        failed_sizes=[r.num_tokens for r in bad if r.num_tokens], kind="replay",
-    )  # fmt: skip
-    if bad:
-        found.failure = (
-            "its capture changes the device query_start_loc that the kernel "
-            f"reads at replay (first at {_size(bad[0])})"
-        )
-    return found
-
-
-def _streams(sites: list[SiteRun]) -> Judgement:
-    patch = _patch("graph-capture-stream")
-    ran = [s for s in sites if s.ok is not None]
-    bad = [s for s in ran if not s.ok]
-    skipped = "; ".join(f"{s.site} ({s.error})" for s in sites if s.ok is None)
-    found = Judgement(
-        f"capture on the current stream (PR {patch.pr})", patch.name, patch.pr,
-        None if not ran else not bad, len(ran) - len(bad), len(ran), "sites",
-        note=skipped or None,
-    )  # fmt: skip
-    if bad:
-        found.failure = (
-            f"{', '.join(s.site for s in bad)} capture on torch's side stream "
-            f"(no stream given); on ROCm with AITER start-up dies: {STREAM_CRASH}"
-        )
-    return found
-
-
-def judge(result: SeedResult) -> list[Judgement]:
-    """Every check of ``result``, in the order ``check`` prints them."""
-    unit = _span(result)
-    by_backend: dict[str, list[SeedRun]] = {}
-    for run in result.runs:
-        by_backend.setdefault(run.backend, []).append(run)
-    found = []
-    for backend in harness.seed_backends():
-        runs = by_backend.get(backend)
-        if runs:
-            found.append(_indexer(backend, runs, unit))
-        elif backend in result.unavailable:
-            name = f"MiniMax-M3 indexer after {backend}"
-            fix = _patch("rocm-attn-cpu-offsets")
-            why = result.unavailable[backend]
-            found.append(Judgement(name, fix.name, fix.pr, None, 0, 0, unit, note=why))
-    for backend in _patch("rocm-aiter-unified-builder").backends:
-        if by_backend.get(backend):
-            found.append(_offsets(backend, by_backend[backend], unit))
-    if result.streams:
-        found.append(_streams(result.streams))
-    return found
-
-
-def passed(judgements: list[Judgement]) -> bool:
-    """No check failed, and at least one ran."""
-    ran = [j for j in judgements if j.ok is not None]
-    return bool(ran) and all(j.ok for j in ran)
-
-
-def _verdict(judgements: list[Judgement]) -> str:
-    failed = [j for j in judgements if j.ok is False]
-    if not failed:
-        return (
-            "verdict: capture gets past every metadata builder and runs on vLLM's "
-            "current stream; neither start-up failure happens in what check runs"
-        )
-    crashes = []
-    if any(j.fix == "rocm-attn-cpu-offsets" for j in failed):
-        crashes.append(f"MiniMax-M3 ({INDEXER_CRASH})")
-    if any(j.fix == "graph-capture-stream" for j in failed):
-        crashes.append(f"AITER ({STREAM_CRASH})")
-    replay = [j.name.split(" keeps ")[0] for j in failed if j.kind == "replay"]
-    parts = []
-    if crashes:
-        parts.append("startup would still fail: " + "; ".join(crashes))
-    if replay:
-        parts.append(
-            f"{', '.join(replay)} would capture its graphs over zeroed query offsets"
-        )
-    return "verdict: " + "; and ".join(parts)
-
-
-def verdict_lines(result: SeedResult) -> list[str]:
-    lines = [f"vLLM {result.vllm}"]
-    if result.sizes:
-        spec = (
-            f", {result.speculative_tokens} speculative tokens"
-            if result.speculative_tokens
-            else ""
-        )
-        lines[0] += (
-            f": {len(result.sizes)} full-graph capture sizes, "
-            f"{result.sizes[0]} down to {result.sizes[-1]}, as vLLM derives them "
-            f"(max_num_seqs={result.max_num_seqs}{spec}); one builder per "
-            "KV-cache group, in the model runner's order"
-        )
-    lines.append(result.guard_line or f"guard: {result.guard or 'not loaded'}")
-    judgements = judge(result)
-    lines += ["  " + j.line() for j in judgements]
-    lines.append(_verdict(judgements))
-    lines += [SHOWS, DOES_NOT_SHOW]
-    return lines
-
-
-def summary(result: SeedResult) -> dict[str, Any]:
-    """``check --json``: the verdict per check and per backend, small."""
-    backends: dict[str, Any] = {}
-    for run in result.runs:
-        entry = backends.setdefault(
-            run.backend, {"runs": 0, "passed": 0, "first_failure": None}
-        )
-        entry["runs"] += 1
-        entry["passed"] += run.ok
-        if not run.ok and entry["first_failure"] is None:
-            entry["first_failure"] = {
-                "num_tokens": run.num_tokens,
-                "batch": run.batch,
-                "error": run.error,
-                "error_site": run.error_site,
-                "error_line": run.error_line,
-            }
-    sizes = result.sizes
-    return {
-        "ok": result.ok,
-        "vllm": result.vllm,
-        "guard": result.guard,
-        "guard_line": result.guard_line,
-        "guard_warnings": result.guard_warnings,
-        "capture_sizes": {
-            "count": len(sizes),
-            "largest": sizes[0] if sizes else None,
-            "smallest": sizes[-1] if sizes else None,
-        },
-        "max_num_seqs": result.max_num_seqs,
-        "speculative_tokens": result.speculative_tokens,
-        "checks": [dataclasses.asdict(j) for j in judge(result)],
-        "backends": backends,
-        "sites": [dataclasses.asdict(s) for s in result.streams],
-        "unavailable": result.unavailable,
-        "shows": SHOWS,
-        "does_not_show": DOES_NOT_SHOW,
-    }
 
 
 def guard_warnings() -> list[str]:

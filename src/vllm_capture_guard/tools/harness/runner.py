@@ -86,8 +86,10 @@ class RunnerBuffers:
         self.device = torch.device(device)
         i32 = dict(dtype=torch.int32)
         dev = dict(device=self.device)
-        # host buffers pinned where there is a GPU, as the runner's are
-        host = dict(dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        # host buffers pinned where there is a real GPU, as the runner's are
+        # (a device that only reports "cuda" has no driver to pin with)
+        pin = self.device.type == "cuda" and torch.cuda.is_available()
+        host = dict(dtype=torch.int32, pin_memory=pin)
         self.query_start_loc = torch.zeros(max_reqs + 1, **dev, **i32)
         self.query_start_loc_cpu = torch.zeros(max_reqs + 1, **host)
         self.seq_lens = torch.zeros(max_reqs, **dev, **i32)
