@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests import warm
-from tests.conftest import fresh_env, guard_lines
+from tests.conftest import LOGGING_AS_VLLM_SERVE, fresh_env, guard_lines
 
 #: What both kinds of process run: the imports the warm parent made, vLLM's
 #: plugin loader, then what they look like.
@@ -58,6 +60,7 @@ def test_a_warm_child_looks_like_a_fresh_interpreter_after_loading_plugins():
     assert "vllm_capture_guard.runtime.plugin" in child["ours"]
 
 
+@pytest.mark.once  # the mechanism, on the venv's release
 def test_a_child_refuses_an_overlay_of_a_module_its_parent_imported(tmp_path):
     """``vllm.plugins`` is imported by the parent: an overlay that changes it
     cannot be honoured in a child, which then runs fresh instead."""
@@ -110,7 +113,7 @@ print(json.dumps({"pending_before_fork": pending, "child": child,
 
 def test_a_forked_worker_inherits_the_plugin_and_is_patched_once():
     proc = warm.python(
-        ["-c", FORKED_WORKER],
+        ["-c", LOGGING_AS_VLLM_SERVE + FORKED_WORKER],
         fresh_env(VLLM_CAPTURE_GUARD="on", VLLM_LOGGING_LEVEL="INFO"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

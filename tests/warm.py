@@ -286,6 +286,7 @@ def start(
     """Start ``python ARGS`` in a warm child (or fresh: ``fresh=True``, or if
     the parent is unfit); ``env`` is the child's whole environment."""
     env = dict(os.environ if env is None else env)
+    args = [os.fspath(a) for a in args]  # as subprocess takes them
     return Handle(args, env, None if cwd is None else str(cwd), fresh)
 
 

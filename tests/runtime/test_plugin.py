@@ -203,7 +203,10 @@ def test_unrecognisable_backend_module_is_failed_not_not_needed(
     the host guard still guards every builder (it needs no class of them),
     the AITER backport says failed, with one WARNING, and nothing says "not
     needed"."""
-    from vllm.v1.attention.backends import rocm_aiter_unified_attn, rocm_attn
+    try:
+        from vllm.v1.attention.backends import rocm_aiter_unified_attn, rocm_attn
+    except Exception as e:  # 0.33's AITER module asks the GPU at import
+        pytest.skip(f"the AITER unified module cannot be imported here: {e!r:.200}")
 
     monkeypatch.delattr(rocm_attn, "RocmAttentionMetadataBuilder")
     monkeypatch.delattr(rocm_aiter_unified_attn, "RocmAiterUnifiedAttentionBackend")

@@ -28,22 +28,35 @@ MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
 SWITCH = "VENDOR_CAPTURE_ON_CURRENT_STREAM"
 
 
-def _graph_call(text: str) -> ast.Call:
+def _graph_call(text: str) -> tuple[ast.Call, ast.stmt]:
+    """The one ``torch.cuda.graph`` call of ``CudaGraphManager.capture``, and
+    the innermost statement that holds it (a ``with`` whose items may span
+    several lines, as in 0.33)."""
     cls = vv.find_class(ast.parse(text), "CudaGraphManager", REL)
+    method = vv.find_method(cls, "capture")
     calls = [
         n
-        for n in ast.walk(vv.find_method(cls, "capture"))
+        for n in ast.walk(method)
         if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.cuda.graph"
     ]
     if len(calls) != 1:
         raise vv.VariantMismatch(f"{len(calls)} torch.cuda.graph calls in capture")
-    return calls[0]
+    (call,) = calls
+    holders = [
+        n
+        for n in ast.walk(method)
+        if isinstance(n, ast.stmt)
+        and n is not method
+        and n.lineno <= call.lineno
+        and call in ast.walk(n)
+    ]
+    return call, max(holders, key=lambda n: n.lineno)
 
 
 def _rewrite(text: str, call_text: str, before: str = "", top: str = "") -> str:
     """The call replaced by ``call_text`` (``{g}``, ``{pool}``: its first two
     arguments); ``before`` put on a line of its own before the statement."""
-    call = _graph_call(text)
+    call, stmt = _graph_call(text)
     g = ast.get_source_segment(text, call.args[0])
     pool = (
         ast.get_source_segment(text, call.args[1])
@@ -54,11 +67,10 @@ def _rewrite(text: str, call_text: str, before: str = "", top: str = "") -> str:
     first, last = lines[call.lineno - 1], lines[call.end_lineno - 1]
     new = first[: call.col_offset] + call_text.format(g=g, pool=pool)
     new += last[call.end_col_offset :]
-    pad = vv.indent_of(first)
-    lines[call.lineno - 1 : call.end_lineno] = [
-        f"{pad}{before}\n" if before else "",
-        new,
-    ]
+    lines[call.lineno - 1 : call.end_lineno] = [new]
+    if before:  # on a line of its own, before the statement that holds it
+        pad = vv.indent_of(lines[stmt.lineno - 1])
+        lines.insert(stmt.lineno - 1, f"{pad}{before}\n")
     out = "".join(lines)
     return top + out if top else out
 
