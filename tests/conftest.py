@@ -128,3 +128,33 @@ def rocm_capture_writes_cpu_offsets() -> bool:
     builder = harness.attention_builder("ROCM_ATTN", config)
     run = harness.capture([("attention", builder)], harness.Batch(4))
     return "query_start_loc_cpu" in [w.field for w in run.groups[0].writes]
+
+
+@pytest.fixture(scope="session")
+def oracle_record(tmp_path_factory):
+    """``(version, mode) -> (record, path)``: the oracle's record of vLLM
+    ``version`` with the guard in ``mode``, made once per session and shared
+    by the tests that compare against it. This process's own release records
+    in a warm child; another release in a fresh interpreter of its own."""
+    from importlib.metadata import version as installed
+
+    from vllm_capture_guard.tools import oracle
+
+    folder = tmp_path_factory.mktemp("records")
+    done: dict = {}
+
+    def get(version: str, mode: str) -> tuple[dict, str]:
+        if (version, mode) not in done:
+            out = folder / f"{version}-{mode}.json"
+            if version == installed("vllm"):
+                args = ["-m", "vllm_capture_guard.tools.oracle", "record"]
+                proc = run_fresh([*args, "--out", str(out)], VLLM_CAPTURE_GUARD=mode)
+                assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+                record = json.loads(out.read_text())
+                assert record["vllm"] == version, record["vllm"]
+            else:
+                record = oracle.record_in(version, out, mode)
+            done[version, mode] = json.dumps(record)
+        return json.loads(done[version, mode]), str(folder / f"{version}-{mode}.json")
+
+    return get

@@ -47,6 +47,10 @@ def _guard_line(out: str) -> str:
     return line
 
 
+#: Told by structure, not by release (an overlay of the venv's own vLLM):
+#: the version matrix runs these once.
+ONCE = pytest.mark.once
+
 _runs: dict = {}
 
 
@@ -261,6 +265,7 @@ def _in_overlay(env: dict, *args: str):
     )
 
 
+@ONCE
 def test_check_names_the_supported_releases_on_a_vllm_without_minimax_m3(
     without_minimax_m3,
 ):
@@ -280,6 +285,7 @@ def test_check_names_the_supported_releases_on_a_vllm_without_minimax_m3(
     assert "supported:   no: this vLLM has no MiniMax-M3 indexer" in status.stdout
 
 
+@ONCE
 def test_check_is_one_line_when_minimax_m3_cannot_be_set_up(tmp_path):
     """A stand-in for 0.26.0, whose MiniMax-M3 model class cannot even be
     inspected on a CPU host (it needs vLLM's compiled ops at import): the

@@ -26,9 +26,8 @@ CASES = {f"{b}/{x.label()}" for b in sc.seed_backends() for x in sc.DEFAULT_BATC
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory) -> dict[str, dict]:
+def records(oracle_record) -> dict[str, dict]:
     """(version, guard mode) -> record, each from its own environment."""
-    folder = tmp_path_factory.mktemp("oracle")
     wanted = [
         (oracle.REFERENCE, "off"),
         ("0.28.0", "on"),
@@ -37,9 +36,8 @@ def records(tmp_path_factory) -> dict[str, dict]:
     ]
     out = {}
     for version, mode in wanted:
-        path = folder / f"{version}-{mode}.json"
-        out[f"{version}-{mode}"] = oracle.record_in(version, path, mode)
-        out[f"{version}-{mode}"]["_path"] = str(path)
+        record, path = oracle_record(version, mode)
+        out[f"{version}-{mode}"] = {**record, "_path": path}
     return out
 
 

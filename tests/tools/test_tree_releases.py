@@ -60,12 +60,11 @@ class Patched:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
-    """Unpatched upstream 0.29.0, guard off."""
+def reference(oracle_record) -> dict:
+    """Unpatched upstream 0.29.0, guard off (the oracle's own record)."""
     if release_base(oracle.REFERENCE) is None:
         pytest.skip(f"vLLM {oracle.REFERENCE} is not installed here (make envs)")
-    out = tmp_path_factory.mktemp("reference") / "0.29.0-off.json"
-    return oracle.record_in(oracle.REFERENCE, out, "off")
+    return oracle_record(oracle.REFERENCE, "off")[0]
 
 
 @pytest.fixture(scope="module", params=["0.27.1", "0.28.0"])
@@ -88,7 +87,8 @@ def patched(request, tmp_path_factory) -> Patched:
     apply = run_in(off, "-m", "vllm_capture_guard", "patch", "--apply")
     after = run_in(off, *CHECK)
     out = root.parent / f"{version}-patched-off.json"
-    rec = run_in(off, "-m", "vllm_capture_guard.tools.oracle", "record", "--out", out)
+    oracle_cli = ("-m", "vllm_capture_guard.tools.oracle", "record")
+    rec = run_in(off, *oracle_cli, "--out", str(out))
     assert rec.returncode == 0, rec.stderr[-3000:]
     status = run_in(
         overlay_env(root, base, VLLM_CAPTURE_GUARD="on"),
