@@ -22,9 +22,10 @@ Detected: never by reading or by running anything but vLLM's own call: every
     capture wrote. The first capture of each builder class is logged once:
     what it wrote (kept from the other builders), or that it wrote nothing.
 How: the capture runs on a shallow copy of the metadata whose host values
-    are copies (pinned where the runner's are): every CPU tensor and array
-    where the device fields are on an accelerator, by name (``*_cpu``, ...)
-    where everything is on the CPU, and dicts and lists. Device writes reach
+    are copies (pinned where the runner's are): every CPU tensor where the
+    device fields are on an accelerator, CPU tensors by name (``*_cpu``, ...)
+    where everything is on the CPU, and arrays, dicts and lists always.
+    Device writes reach
     the runner's buffers (#25985, as in 0.29.0); whatever else the capture
     does to the metadata (a rebound field, a lazily filled cache) reaches it
     as without the guard. A capture nested in a guarded one runs as it is.
