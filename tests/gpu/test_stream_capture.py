@@ -124,8 +124,10 @@ def test_unpatched_capture_fails_as_reported(mrv2, gpu_results):
 
 
 def test_patched_capture_replays_as_eager(mrv2, gpu_results):
+    from vllm_capture_guard.tools.guard import inspect
+
     with _patch(on=True) as patch:
-        outcome = str(patch.inspect())
+        outcome = str(inspect(patch))
         graph, x, out, toy, streams = _capture(mrv2)
     warm_up, captured = streams
     assert warm_up == captured  # the capture ran on graph_capture()'s stream

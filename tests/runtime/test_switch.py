@@ -8,6 +8,7 @@ import pytest
 
 from vllm_capture_guard.runtime import switch
 from vllm_capture_guard.runtime.switch import Mode
+from vllm_capture_guard.tools import guard
 
 
 @pytest.mark.parametrize(
@@ -72,8 +73,8 @@ def test_disabled_patches():
     ],
 )
 def test_vllm_plugins_read_as_vllm_reads_it(raw, loaded):
-    env = {} if raw is None else {switch.PLUGINS_ENV: raw}
-    assert switch.loaded_by_vllm(env) is loaded
+    env = {} if raw is None else {guard.PLUGINS_ENV: raw}
+    assert guard.loaded_by_vllm(env) is loaded
 
 
 def test_vllm_plugins_rule_matches_vllms_own_parser(monkeypatch):
@@ -83,5 +84,5 @@ def test_vllm_plugins_rule_matches_vllms_own_parser(monkeypatch):
     for raw in ("foo, capture_guard", "foo,capture_guard", "", "capture_guard"):
         monkeypatch.setenv("VLLM_PLUGINS", raw)
         allowed = envs.environment_variables["VLLM_PLUGINS"]()
-        theirs = allowed is None or switch.ENTRY_POINT_NAME in allowed
-        assert switch.loaded_by_vllm() is theirs, raw
+        theirs = allowed is None or guard.ENTRY_POINT_NAME in allowed
+        assert guard.loaded_by_vllm() is theirs, raw

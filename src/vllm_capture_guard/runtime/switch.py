@@ -13,9 +13,6 @@
 ``VLLM_CAPTURE_GUARD_DISABLE`` is a comma-separated list of patch names (see
 ``vllm-capture-guard status``) to leave out, so that one backport can be
 dropped without dropping the others.
-
-``VLLM_PLUGINS`` is vLLM's own allowlist of plugin names; :func:`loaded_by_vllm`
-reads it exactly as vLLM does (split on commas, nothing trimmed).
 """
 
 from __future__ import annotations
@@ -26,10 +23,6 @@ from collections.abc import Mapping
 
 ENV = "VLLM_CAPTURE_GUARD"
 DISABLE_ENV = "VLLM_CAPTURE_GUARD_DISABLE"
-PLUGINS_ENV = "VLLM_PLUGINS"
-#: Our name in ``vllm.general_plugins`` (``pyproject.toml``).
-ENTRY_POINT_GROUP = "vllm.general_plugins"
-ENTRY_POINT_NAME = "capture_guard"
 #: At most this many characters of a bad value are echoed back.
 ECHO_LIMIT = 64
 #: What ``str.strip()`` would remove, less the non-ASCII spaces.
@@ -84,15 +77,3 @@ def disabled_patches(environ: Mapping[str, str] | None = None) -> frozenset[str]
     raw = env.get(DISABLE_ENV, "")
     names = (n.strip(_ASCII_SPACE).lower() for n in raw.split(","))
     return frozenset(n for n in names if n)
-
-
-def loaded_by_vllm(environ: Mapping[str, str] | None = None) -> bool:
-    """Would vLLM's plugin loader load us, as far as ``VLLM_PLUGINS`` goes?
-
-    vLLM reads the variable as ``value.split(",")`` and compares names exactly,
-    so ``"foo, capture_guard"`` does *not* load us, and ``""`` loads nothing."""
-    env = os.environ if environ is None else environ
-    raw = env.get(PLUGINS_ENV)
-    if raw is None:
-        return True
-    return ENTRY_POINT_NAME in raw.split(",")

@@ -20,18 +20,51 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from vllm_capture_guard.runtime import switch
+
+PLUGINS_ENV = "VLLM_PLUGINS"
+#: Our name in ``vllm.general_plugins`` (``pyproject.toml``).
+ENTRY_POINT_GROUP = "vllm.general_plugins"
+ENTRY_POINT_NAME = "capture_guard"
+
+
+def loaded_by_vllm(environ: Mapping[str, str] | None = None) -> bool:
+    """Would vLLM's plugin loader load us, as far as ``VLLM_PLUGINS`` goes?
+
+    vLLM reads the variable as ``value.split(",")`` and compares names exactly,
+    so ``"foo, capture_guard"`` does *not* load us, and ``""`` loads nothing."""
+    env = os.environ if environ is None else environ
+    raw = env.get(PLUGINS_ENV)
+    if raw is None:
+        return True
+    return ENTRY_POINT_NAME in raw.split(",")
+
+
+def inspect(patch: Any) -> Any:
+    """What ``patch`` would do: import its main module, then decide (never
+    installs anything)."""
+    import importlib
+
+    from vllm_capture_guard.runtime.patches import LOCK, Outcome, Status
+
+    try:
+        importlib.import_module(patch.modules[0])
+    except Exception as e:
+        why = f"cannot import {patch.modules[0]}: {type(e).__name__}: {e}"
+        return Outcome(patch.name, Status.UNAVAILABLE, why[:300])
+    with LOCK:
+        return patch.decide()
 
 
 def entry_point() -> Any:
     """Our ``vllm.general_plugins`` entry point, or None if not installed."""
     from importlib.metadata import entry_points
 
-    for ep in entry_points(group=switch.ENTRY_POINT_GROUP):
-        if ep.name == switch.ENTRY_POINT_NAME:
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == ENTRY_POINT_NAME:
             return ep
     return None
 
@@ -39,16 +72,16 @@ def entry_point() -> Any:
 def not_loaded_reasons(environ: MutableMapping[str, str] | None = None) -> list[str]:
     """Why vLLM's plugin loader would not load the guard (empty: it would)."""
     env = os.environ if environ is None else environ
-    name = switch.ENTRY_POINT_NAME
+    name = ENTRY_POINT_NAME
     reasons = []
     if entry_point() is None:
         reasons.append(
-            f"no '{name}' entry point in {switch.ENTRY_POINT_GROUP} "
+            f"no '{name}' entry point in {ENTRY_POINT_GROUP} "
             "(the package is not installed in this Python)"
         )
-    if not switch.loaded_by_vllm(env):
-        shown = repr(env.get(switch.PLUGINS_ENV, ""))
-        reasons.append(f"{switch.PLUGINS_ENV}={shown} does not list '{name}'")
+    if not loaded_by_vllm(env):
+        shown = repr(env.get(PLUGINS_ENV, ""))
+        reasons.append(f"{PLUGINS_ENV}={shown} does not list '{name}'")
     return reasons
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from vllm_capture_guard import __version__
 from vllm_capture_guard.runtime import switch
 from vllm_capture_guard.runtime.plugin import PREFIX, vllm_version
-from vllm_capture_guard.tools.guard import story
+from vllm_capture_guard.tools.guard import PLUGINS_ENV, story
 
 #: Per patch: what a needed fix prevents, in the words of its failure.
 CONSEQUENCE = {
@@ -112,7 +112,7 @@ def needs() -> list[Need]:
 
 def _shell() -> str:
     """The switches as this shell has them."""
-    names = (switch.PLUGINS_ENV, switch.ENV, switch.DISABLE_ENV)
+    names = (PLUGINS_ENV, switch.ENV, switch.DISABLE_ENV)
     shown = [
         f"{n}={os.environ[n]!r}" if n in os.environ else f"{n} unset" for n in names
     ]
@@ -125,7 +125,9 @@ def _shell() -> str:
 def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
     """``(verdict, why, simulated)``: load the plugins as ``check`` does and
     see whether every needed fix comes out installed."""
-    from vllm_capture_guard.runtime.patches import FIXED, Status
+    from vllm_capture_guard.runtime.patches import Status
+
+    fixed = {Status.PATCHED, Status.ALREADY, Status.NOT_NEEDED}  # as upstream's
     from vllm_capture_guard.runtime.plugin import report
     from vllm_capture_guard.tools.guard import load_plugins_as_worker
 
@@ -152,7 +154,7 @@ def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
             problems.append(f"{need.name} is listed in {switch.DISABLE_ENV}")
         elif outcome.status is Status.INCOMPLETE:
             problems.append(f"{need.name} is incomplete ({outcome.warning})")
-        elif outcome.status not in FIXED:
+        elif outcome.status not in fixed:
             problems.append(f"{need.name}: {outcome.status} ({outcome.detail})")
     if problems:
         return "no", "; ".join(problems), False

@@ -13,6 +13,7 @@ from tests import capture_sites as cs
 from tests.conftest import guard_lines, run_snippet
 from vllm_capture_guard.runtime.patches import MARKER, Status, by_name
 from vllm_capture_guard.runtime.patches import graph_capture_stream as mod
+from vllm_capture_guard.tools.guard import inspect
 
 PATCH = by_name("graph-capture-stream")
 
@@ -44,7 +45,7 @@ def test_unguarded_release_as_read_by_the_tools(unguarded, affected):
         assert set(found["streams"]) in ({"current"}, {None}), (site, found)
     read = static.stream_sites()
     assert len(read) == 3 and all(r.needed is affected for r in read), read
-    assert PATCH.inspect().status is Status.NEEDED
+    assert inspect(PATCH).status is Status.NEEDED
 
 
 @pytest.mark.parametrize("site", cs.SITES)

@@ -41,10 +41,6 @@ class Status(str, enum.Enum):
         return self.value
 
 
-#: The statuses after which vLLM's capture behaves as upstream's fix.
-FIXED = frozenset({Status.PATCHED, Status.ALREADY, Status.NOT_NEEDED})
-
-
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """What a patch found or did; ``data``: what ``install`` needs."""
@@ -135,18 +131,6 @@ class Patch:
                 return self.plan(module)
         why = f"{', '.join(self.modules)} not imported (yet)"
         return Outcome(self.name, Status.UNAVAILABLE, why)
-
-    def inspect(self) -> Outcome:
-        """For the tools: import the main module, then :meth:`decide`."""
-        import importlib
-
-        try:
-            importlib.import_module(self.modules[0])
-        except Exception as e:
-            why = f"cannot import {self.modules[0]}: {type(e).__name__}: {e}"
-            return Outcome(self.name, Status.UNAVAILABLE, why[:300])
-        with LOCK:
-            return self.decide()
 
     def apply(self) -> Outcome:
         """Install what the imported code needs. Idempotent; imports nothing."""
