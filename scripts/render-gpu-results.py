@@ -107,7 +107,7 @@ def _host_by_device(found: dict | None) -> list[str]:
     """The host rule where the device fields are on the GPU."""
     if not found:
         return []
-    pinned = found.get("pinned_copies")
+    pinned = found.get("capture_saw_pinned", found.get("pinned_copies"))
     return [
         "",
         "## Host values by where they live",
@@ -116,8 +116,9 @@ def _host_by_device(found: dict | None) -> list[str]:
         "zeroes a host view of the offsets under a neutral name.",
         "",
         f"- without the guard: the indexer fails: `{found.get('unguarded')}`",
-        f"- with it: the neutral view kept: {found.get('neutral_view_kept')}; the "
-        f"capture's copies pinned (view, offsets): {pinned}; device offsets after "
+        f"- with it: the neutral view kept (put back): "
+        f"{found.get('neutral_view_kept')}; the host values the capture saw were "
+        f"the runner's pinned ones (view, offsets): {pinned}; device offsets after "
         f"capture: {found.get('device_offsets_at_capture')} (the runner's buffer); "
         f"graph replay equals eager: {found.get('graph_equals_eager')}",
     ]

@@ -5,7 +5,7 @@ shared metadata, per-group shallow copies, and what it records."""
 from __future__ import annotations
 
 from vllm_capture_guard.runtime.patches import PATCHES
-from vllm_capture_guard.tools import harness
+from vllm_capture_guard.tools import fixes, harness
 
 
 class _Rebinder:
@@ -23,7 +23,7 @@ class _Rebinder:
 
 
 def test_seed_backends_are_the_patches_backends():
-    wanted = [b for p in PATCHES for b in p.backends]
+    wanted = [b for p in PATCHES for b in fixes.backends(p)]
     assert list(harness.seed_backends()) == list(dict.fromkeys(wanted))
 
 

@@ -10,9 +10,10 @@ ROCm capture plus one write) zeroes it. Asserted:
 
 * without the guard, the shared host offsets are zeroed through that view
   and MiniMax-M3's indexer fails (``assert decode_query_len > 0``);
-* with it, the neutral view and the host offsets keep their values, the
-  capture saw pinned copies of the pinned host values, the device offsets
-  are zeroed in the runner's own buffer (vLLM #25985), and a CUDA graph
+* with it, the neutral view and the host offsets keep their values (put
+  back after the capture), the capture saw the runner's own pinned host
+  values, the device offsets are zeroed in the runner's own buffer (vLLM
+  #25985), and a CUDA graph
   captured on that metadata replays equal to an eager run after the buffers
   are refilled: the device fields are the runner's, not copies.
 """
@@ -138,7 +139,7 @@ def test_a_neutrally_named_host_view_is_kept_on_a_gpu(guarded, gpu_results):
     assert shared.query_start_loc.is_cuda
     assert getattr(shared, NEUTRAL).tolist() == batch.offsets()
     assert shared.query_start_loc_cpu.tolist() == batch.offsets()
-    assert seen == [(True, True)]  # the capture's own copies stay pinned
+    assert seen == [(True, True)]  # the runner's pinned host values, not copies
     assert buffers.query_start_loc[: batch.total_reqs + 1].eq(0).all()  # #25985
 
     # a graph on the capture's metadata reads the runner's device buffers
@@ -164,7 +165,7 @@ def test_a_neutrally_named_host_view_is_kept_on_a_gpu(guarded, gpu_results):
     gpu_results["host_by_device"] = {
         "unguarded": unguarded,
         "neutral_view_kept": True,
-        "pinned_copies": seen[0],
+        "capture_saw_pinned": seen[0],
         "device_offsets_at_capture": [0] * (batch.total_reqs + 1),
         "graph_equals_eager": True,
     }

@@ -47,7 +47,7 @@ class Case:
     runner: str = "vllm"  # vllm, subclass (no super()), fork (a copied module)
     device: bool = False  # device fields report a GPU (tests.fake_device)
     passes_unguarded: bool = False
-    passes_guarded: bool = True
+    wrote: tuple[str, ...] = ("query_start_loc_cpu",)  # the fields the log names
 
 
 # --- the class text: the fixed capture, then one hazard ------------------------
@@ -163,6 +163,7 @@ CASES: dict[str, Case] = {
         _lines(
             "{cm}.seq_lens_cpu_upper_bound.fill_(1)\n{cm}.query_start_loc_cpu.zero_()\n"
         ),
+        wrote=("query_start_loc_cpu", "seq_lens_cpu_upper_bound"),
     ),  # fmt: skip
     "neutral-host-field": Case(
         "a vendor runner hands a host view of the offsets under a neutral name, "
@@ -170,13 +171,14 @@ CASES: dict[str, Case] = {
         _lines(f"{{cm}}.{NEUTRAL}.zero_()\n"),
         runner="fork",
         device=True,
+        wrote=("query_start_loc_cpu", NEUTRAL),
     ),
     "neutral-host-field-on-a-cpu-host": Case(
-        "the same, with every field on the CPU: names decide there, and this "
-        "name does not say host (the guard's documented limit off an accelerator)",
+        "the same, with every field on the CPU: names decide there and this "
+        "name does not say host, but its memory is the named host offsets', "
+        "which the guard puts back",
         _lines(f"{{cm}}.{NEUTRAL}.zero_()\n"),
         runner="fork",
-        passes_guarded=False,
     ),
     "alias-in-build": Case(
         "build() keeps the shared host offsets under another name; the capture "

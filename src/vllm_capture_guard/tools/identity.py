@@ -2,7 +2,7 @@
 """Did loading the guard change vLLM's classes?
 
 On a fixed vLLM (0.29.0 and later) the promise is "nothing changes": every
-attribute of every class a patch may change (``Patch.targets``), and of the
+attribute of every class a patch may change (``tools.fixes.targets``), and of the
 builder that a backend class returns from ``get_builder_cls()``, must be the
 very same object after vLLM's plugin loader ran the guard. The version
 matrix and ``tests/test_fixed_releases.py`` both ask this module.
@@ -21,10 +21,11 @@ def targets() -> dict[str, tuple[str, str]]:
     """``class name -> (module, class)`` for every patch's targets, in the
     patches' order."""
     from vllm_capture_guard.runtime.patches import PATCHES
+    from vllm_capture_guard.tools.fixes import targets
 
     found: dict[str, tuple[str, str]] = {}
     for patch in PATCHES:
-        for module, name in patch.targets:
+        for module, name in targets(patch):
             found.setdefault(name, (module, name))
     return found
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from vllm_capture_guard.tools import harness
+from vllm_capture_guard.tools import fixes, harness
 from vllm_capture_guard.tools.harness.streams import CRASH as STREAM_CRASH
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def judge(result: SeedResult) -> list[Judgement]:
             fix = _patch("rocm-attn-cpu-offsets")
             why = result.unavailable[backend]
             found.append(Judgement(name, fix.name, fix.pr, None, 0, 0, unit, note=why))
-    for backend in _patch("rocm-aiter-unified-builder").backends:
+    for backend in fixes.backends(_patch("rocm-aiter-unified-builder")):
         if by_backend.get(backend):
             found.append(_offsets(backend, by_backend[backend], unit))
     if result.streams:

@@ -2,8 +2,8 @@
 """The host-metadata guard in this process, on vLLM's real builders: every
 builder class with a capture of its own is guarded, every builder vLLM's
 ``AttentionGroup`` makes is guarded on the instance (resolved at each call),
-a nested capture copies once, what the capture rebinds reaches the shared
-metadata while what it writes in place does not, host is told by where a
+a nested capture saves once, what the capture rebinds reaches the shared
+metadata while what it writes in place is put back, host is told by where a
 tensor lives, and our own failure handling (fakes only there).
 
 Through vLLM's whole start-up, at every capture size, see
@@ -151,7 +151,7 @@ def test_a_capture_bound_per_instance_is_guarded(rocm):
     assert host_writes(by_vllm(backend)) == []
 
 
-def test_a_nested_capture_copies_once(rocm, monkeypatch):
+def test_a_nested_capture_saves_once(rocm, monkeypatch):
     PATCH.apply()
     base = rocm.RocmAttentionMetadataBuilder
 
@@ -160,11 +160,11 @@ def test_a_nested_capture_copies_once(rocm, monkeypatch):
 
     nested = type("NestedBuilder", (base,), {METHOD: build_for_cudagraph_capture})
     PATCH.apply()
-    copies = []
-    real = guard.own_copy
-    monkeypatch.setattr(guard, "own_copy", lambda m: copies.append(1) or real(m))
+    saves = []
+    real = guard.save
+    monkeypatch.setattr(guard, "save", lambda m: saves.append(1) or real(m))
     assert host_writes(direct(nested)) == []
-    assert len(copies) == 1
+    assert len(saves) == 1
 
 
 def test_rebinds_and_lazy_caches_reach_the_shared_metadata(rocm):
@@ -186,8 +186,38 @@ def test_rebinds_and_lazy_caches_reach_the_shared_metadata(rocm):
     before = shared.query_start_loc_cpu.clone()
     assert guard.guarded_call(capture, "Fake", shared) == "built"
     assert shared.max_seq_len == 7 and shared.__dict__[cache] is filled
-    assert torch.equal(shared.query_start_loc_cpu, before)  # in place: kept
+    assert torch.equal(shared.query_start_loc_cpu, before)  # in place: put back
     assert shared.query_start_loc.eq(0).all()  # device: lands (#25985)
+
+
+def test_the_capture_sees_its_own_writes_and_the_runners_buffers():
+    """Inside the capture the host values are the runner's own tensors (pinned
+    where the runner's are) and its writes are visible to it; two fields that
+    hold one tensor stay one tensor."""
+    shared = harness.shared_metadata(harness.Batch(4))
+    shared.__dict__["host_alias_cpu"] = shared.query_start_loc_cpu
+    seen = {}
+
+    def capture(metadata):
+        seen["same"] = metadata.query_start_loc_cpu is shared.query_start_loc_cpu
+        metadata.query_start_loc_cpu.zero_()
+        seen["alias"] = metadata.host_alias_cpu.tolist()
+        return "built"
+
+    guard.guarded_call(capture, "Fake", shared)
+    assert seen == {"same": True, "alias": [0] * 5}
+    assert shared.host_alias_cpu.tolist() == harness.Batch(4).offsets()
+
+
+def test_a_write_that_bypasses_torchs_version_counter_is_put_back():
+    """A write through a numpy view (no version bump) is told from the bytes."""
+    shared = harness.shared_metadata(harness.Batch(4))
+
+    def capture(metadata):
+        metadata.query_start_loc_cpu.numpy()[:] = 0
+
+    guard.guarded_call(capture, "Numpy", shared)
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
 
 
 def test_containers_are_the_captures_own():
@@ -211,9 +241,9 @@ def test_host_is_where_a_tensor_lives_when_the_device_fields_are_on_a_gpu():
     neutral = shared.query_start_loc_cpu[:]  # a host view, neutrally named
     shared.__dict__["vendor_offsets"] = neutral
     shared.__dict__["vendor_array"] = np.arange(4)
-    own, copies = guard.own_copy(shared)
-    assert {"query_start_loc_cpu", "vendor_offsets", "vendor_array"} <= set(copies)
-    assert "query_start_loc" not in copies
+    saved = {name for name, _, _ in guard.save(shared)}
+    assert {"query_start_loc_cpu", "vendor_offsets", "vendor_array"} <= saved
+    assert "query_start_loc" not in saved
 
     def capture(metadata):
         metadata.vendor_offsets.zero_()
@@ -227,7 +257,7 @@ def test_host_is_where_a_tensor_lives_when_the_device_fields_are_on_a_gpu():
     # on an all-CPU host names decide: the neutral name is not host there
     plain = harness.shared_metadata(harness.Batch(4))
     plain.__dict__["vendor_offsets"] = plain.query_start_loc_cpu[:]
-    assert "vendor_offsets" not in guard.own_copy(plain)[1]
+    assert "vendor_offsets" not in {name for name, _, _ in guard.save(plain)}
 
 
 def test_the_log_says_once_what_the_capture_wrote(rocm, caplog):
@@ -290,14 +320,11 @@ def test_per_patch_switch_leaves_that_patch_out(rocm, monkeypatch):
 # --- our own failure handling: fakes allowed here ---------------------------
 
 
-def test_a_metadata_it_cannot_copy_runs_vllms_own_call_with_one_warning(caplog):
-    class Uncopyable:
+def test_a_metadata_it_cannot_read_runs_vllms_own_call_with_one_warning(caplog):
+    class Unreadable:  # no __dict__: its fields cannot be listed
         __slots__ = ("query_start_loc", "query_start_loc_cpu")
 
-        def __copy__(self):
-            raise TypeError("no copies")
-
-    cm = Uncopyable()
+    cm = Unreadable()
     cm.query_start_loc = torch.arange(3)
     cm.query_start_loc_cpu = torch.arange(3)
 
@@ -307,17 +334,16 @@ def test_a_metadata_it_cannot_copy_runs_vllms_own_call_with_one_warning(caplog):
         return "built"
 
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        assert guard.guarded_call(zeroes, "Uncopyable", cm) == "built"
-        assert guard.guarded_call(zeroes, "Uncopyable", cm) == "built"
+        assert guard.guarded_call(zeroes, "Unreadable", cm) == "built"
+        assert guard.guarded_call(zeroes, "Unreadable", cm) == "built"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "could not copy" in warnings[0], warnings
+    assert len(warnings) == 1 and "ran unguarded" in warnings[0], warnings
     assert cm.query_start_loc.eq(0).all()
-    assert cm.query_start_loc_cpu.tolist() == [0, 1, 2]  # put back
 
 
 def test_a_failure_after_the_capture_never_reaches_vllm(monkeypatch, caplog):
     shared = harness.shared_metadata(harness.Batch(2))
-    monkeypatch.setattr(guard, "_settle", lambda *a: 1 / 0)
+    monkeypatch.setattr(guard, "put_back", lambda *a: 1 / 0)
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
         assert guard.guarded_call(lambda m: "built", "Broken", shared) == "built"
-    assert any("could not compare" in r.getMessage() for r in caplog.records)
+    assert any("could not put back" in r.getMessage() for r in caplog.records)

@@ -1,42 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
-"""No metadata builder's capture may change the host values other builders
-read.
+"""No builder's capture may change the host values other builders read
+(backport of PR #51585, in 0.29.0; delete when 0.29.0 is the oldest supported).
 
-What: ``build_for_cudagraph_capture`` of every metadata builder: each one
-    vLLM makes (``AttentionGroup.create_metadata_builders``, which V1, Model
-    Runner V2, the encoder-only state and the proposers use), and, for
-    callers that make builders themselves, every builder class with a
-    capture of its own.
-Symptom: ``vllm serve`` of MiniMax-M3 with ``ROCM_ATTN`` or
-    ``ROCM_AITER_UNIFIED_ATTN`` and full CUDA-graph capture dies at startup:
-    ``indexer.py, line 317, in build: assert decode_query_len > 0``.
-Cause: the runner hands one ``CommonAttentionMetadata`` (views of its
-    buffers) to every builder in turn; the ROCm capture zeroes the device
-    ``query_start_loc`` (vLLM #25985) and also ``query_start_loc_cpu``, which
-    MiniMax-M3's indexer reads next.
-Upstream: vllm-project/vllm PR #51585, in 0.29.0: only the device offsets.
-Affected: 0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them; any
-    builder, in any release, whose capture writes a host value in place.
-Detected: never by reading or by running anything but vLLM's own call: every
-    capture runs guarded, and the guard tells from its own copies what the
-    capture wrote. The first capture of each builder class is logged once:
-    what it wrote (kept from the other builders), or that it wrote nothing.
-How: the capture runs on a shallow copy of the metadata whose host values
-    are copies (pinned where the runner's are): every CPU tensor where the
-    device fields are on an accelerator, CPU tensors by name (``*_cpu``, ...)
-    where everything is on the CPU, and arrays, dicts and lists always.
-    Device writes reach
-    the runner's buffers (#25985, as in 0.29.0); whatever else the capture
-    does to the metadata (a rebound field, a lazily filled cache) reaches it
-    as without the guard. A capture nested in a guarded one runs as it is.
-    If no copy can be made, vLLM's own call runs and the host values are put
-    back, with one WARNING. ``build()`` is untouched.
-Delete when: the oldest vLLM this project supports is 0.29.0 or newer.
-"""
+Symptom: MiniMax-M3 with ``ROCM_ATTN`` or ``ROCM_AITER_UNIFIED_ATTN`` dies at
+start-up in ``indexer.py``: ``assert decode_query_len > 0``. Cause: every
+builder gets the same metadata, and the ROCm capture zeroes the host
+``query_start_loc_cpu`` as well as the device offsets (vLLM #25985).
+How: every ``build_for_cudagraph_capture`` runs guarded: on each builder that
+``AttentionGroup.create_metadata_builders`` makes, and on every builder class
+with its own. The host values (every CPU tensor where the device fields are on
+an accelerator, by name where all is on the CPU; arrays, dicts and lists) are
+saved before it; what it changed in place is put back after it, and said once.
+Device writes, rebinds and lazily filled caches stay, as without the guard."""
 
 from __future__ import annotations
 
 import copy
+import ctypes
+import functools
 import logging
 import sys
 import threading
@@ -52,17 +33,18 @@ UTILS, GROUP, MAKE = (
     "create_metadata_builders",
 )
 BASE, BUILDER = "vllm.v1.attention.backend", "AttentionMetadataBuilder"
-ROCM = "vllm.v1.attention.backends.rocm_attn"
+BACKENDS = ("rocm_attn", "rocm_aiter_unified_attn")  # their import applies it too
 #: Host fields whose names do not say so (the rule where all is on the CPU).
 HOST_NAMES = frozenset({"is_prefilling", "rswa_prefix_lens", "req_idx"})
-#: What each builder class's captures did: {"calls": n, "wrote": {field:
-#: size at the first write}}; the tools read it.
+#: Per builder class: {"calls": n, "wrote": {field: size at the first write}}.
 SEEN: dict[str, dict] = {}
+_PLAIN = frozenset({type(None), bool, int, float, str})
 _log = logging.getLogger("vllm.capture_guard")
 _state = threading.local()  # .depth > 0 inside a guarded capture
 _said: set[str] = set()
 
 
+@functools.cache
 def is_host_field(name: str) -> bool:
     """vLLM's naming of host values: ``*_cpu``, ``*_cpu_*``, ``*_np``,
     ``*_host``, ``cpu_*``, ``host_*``, or one of :data:`HOST_NAMES`."""
@@ -70,75 +52,68 @@ def is_host_field(name: str) -> bool:
     return (
         n.endswith(("_cpu", "_np", "_host"))
         or n.startswith(("cpu_", "host_"))
-        or "_cpu_" in n
-        or n in HOST_NAMES
+        or ("_cpu_" in n or n in HOST_NAMES)
     )
 
 
-def _copy_of(name: str, value: Any, on_device: bool) -> Any:
-    """A copy of a host value, or None for a device value (or a scalar)."""
-    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
-    if isinstance(value, (dict, list)):
-        return copy.deepcopy(value)
-    if np is not None and isinstance(value, np.ndarray):
-        return value.copy()
-    if torch is None or not isinstance(value, torch.Tensor):
-        return None
-    if not (value.is_cpu if on_device else is_host_field(name)):
-        return None
-    if on_device and value.is_pinned():  # as the runner's pinned buffers
-        return torch.empty(value.shape, dtype=value.dtype, pin_memory=True).copy_(value)
+def save(metadata: Any) -> list[tuple[str, Any, Any]]:
+    """``(field, value, copy)`` of each host value of ``metadata``, once per
+    value; a dense host tensor's copy is its bytes (the cheapest copy)."""
+    fields, torch = vars(metadata), sys.modules.get("torch")
+    tensor, np = torch.Tensor if torch else (), sys.modules.get("numpy")
+    containers = (dict, list, np.ndarray) if np else (dict, list)
+    on_device = getattr(fields.get("query_start_loc"), "is_cpu", True) is False
+    found: dict[int, tuple[str, Any]] = {}
+    for n, v in fields.items():
+        if type(v) in _PLAIN or id(v) in found:
+            continue
+        if isinstance(v, tensor):
+            if v.is_cpu if on_device else is_host_field(n):
+                found[id(v)] = (n, v)
+        elif isinstance(v, containers):
+            found[id(v)] = (n, v)
+    return [(n, v, _copy(v)) for n, v in found.values()]
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, (dict, list)) or not hasattr(value, "data_ptr"):
+        return copy.deepcopy(value)  # a container or an array
+    try:
+        if value.is_cpu and value.is_contiguous():
+            return ctypes.string_at(value.data_ptr(), value.nbytes)
+    except RuntimeError:  # a sparse tensor, say
+        pass
     return value.clone()
 
 
-def own_copy(metadata: Any) -> tuple[Any, dict[str, tuple[Any, Any]]]:
-    """A shallow copy of ``metadata`` with copies of its host values, and
-    ``{field: (shared value, the copy's)}``."""
-    own = object.__new__(type(metadata))  # vLLM's dataclass: a fast copy
-    own.__dict__.update(metadata.__dict__)
-    fields = vars(own)
-    on_device = getattr(fields.get("query_start_loc"), "is_cpu", True) is False
-    copies = {}
-    for name, value in fields.items():
-        mine = None if value is None else _copy_of(name, value, on_device)
-        if mine is not None:
-            copies[name] = (value, mine)
-            fields[name] = mine
-    return own, copies
-
-
 def _same(a: Any, b: Any) -> bool:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(a, torch.Tensor):
-        return a.shape == b.shape and bool(torch.equal(a, b))
+    if type(b) is bytes:  # a dense host tensor's
+        return a.nbytes == len(b) and ctypes.string_at(a.data_ptr(), len(b)) == b
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, list):
         return len(a) == len(b) and all(map(_same, a, b))
+    if hasattr(a, "data_ptr"):  # a tensor copied by torch
+        return sys.modules["torch"].equal(a, b)
     if hasattr(a, "shape"):  # an array
         return a.shape == b.shape and bool((a == b).all())
     return bool(a == b)
 
 
-def _settle(shared: Any, own: Any, copies: dict, owner: str) -> None:
-    """What the capture did to its copy reaches the shared metadata, except
-    its in-place host writes; say once what it wrote."""
-    mine, theirs = vars(own), vars(shared)
-    for name, value in mine.items():
-        before = copies[name][1] if name in copies else theirs.get(name)
-        if value is not before or name not in theirs:
-            setattr(shared, name, value)  # rebound: as without the guard
-    wrote = [n for n, (s, m) in copies.items() if mine.get(n) is m and not _same(s, m)]
-    seen = SEEN.setdefault(owner, {"calls": 0, "wrote": {}})
-    seen["calls"] += 1
-    size = theirs.get("num_actual_tokens", "?")
-    new = [n for n in wrote if n not in seen["wrote"]]
-    seen["wrote"].update(dict.fromkeys(new, size))
-    if new:
-        _say(f"{owner}'s capture wrote {', '.join(new)} (size {size}); kept from "
-             f"the other builders (backport of PR {PR})")  # fmt: skip
-    elif seen["calls"] == 1:
-        _say(f"{owner}'s capture, watched: it wrote no shared host value (size {size})")
+def put_back(saved: list[tuple[str, Any, Any]]) -> list[str]:
+    """Put back each saved value changed in place; the fields it changed."""
+    changed = [(n, v, b) for n, v, b in saved if not _same(v, b)]
+    for name, value, before in changed:  # all told first: fields share memory
+        if type(before) is bytes:
+            if value.nbytes != len(before) or not value.is_contiguous():
+                raise ValueError(f"{name} changed its shape")
+            ctypes.memmove(value.data_ptr(), before, len(before))
+        elif isinstance(value, dict):
+            value.clear()
+            value.update(before)
+        else:  # a list, a tensor or an array
+            value[slice(None) if isinstance(value, list) else ...] = before
+    return [name for name, _, _ in changed]
 
 
 def _say(message: str, warning: bool = False) -> None:
@@ -149,67 +124,56 @@ def _say(message: str, warning: bool = False) -> None:
     (_log.warning if warning else _log.info)(f"vllm-capture-guard: {message}")
 
 
+def _note(owner: str, wrote: list[str], size: Any) -> None:
+    seen = SEEN.get(owner) or SEEN.setdefault(owner, {"calls": 0, "wrote": {}})
+    seen["calls"] += 1
+    if new := [n for n in wrote if n not in seen["wrote"]]:
+        seen["wrote"].update(dict.fromkeys(new, size))
+        _say(f"{owner}'s capture wrote {', '.join(new)} (size {size}); kept from "
+             f"the other builders (backport of PR {PR})")  # fmt: skip
+    elif seen["calls"] == 1:
+        _say(f"{owner}'s capture, watched: it wrote no shared host value (size {size})")
+
+
 def guarded_call(capture: Any, owner: str, metadata: Any, *args: Any, **kw: Any) -> Any:
-    """``capture(metadata, ...)`` with the shared host values kept."""
-    if getattr(_state, "depth", 0):  # nested: the outer capture's copy is ours
+    """``capture(metadata, ...)``, then put back what it changed in place."""
+    if getattr(_state, "depth", 0):  # nested: the outer call puts back
         return capture(metadata, *args, **kw)
     try:
-        own, copies = own_copy(metadata)
-    except Exception as e:  # never stop vLLM: its own call, values put back
-        _say(f"could not copy the metadata for {owner}'s capture ({e!r}); it ran "
-             "on the shared metadata, whose host values were put back after it",
-             warning=True)  # fmt: skip
-        return _restoring(capture, metadata, args, kw)
+        saved = save(metadata)
+    except Exception as e:  # never stop vLLM: its own call, unguarded
+        _say(f"could not save the metadata for {owner}'s capture ({e!r}); it ran "
+             "unguarded, and may change what other builders read", True)  # fmt: skip
+        return capture(metadata, *args, **kw)
     _state.depth = 1
     try:
-        result = capture(own, *args, **kw)
-    finally:
-        _state.depth = 0
-    try:
-        _settle(metadata, own, copies, owner)
-    except Exception as e:
-        _say(f"could not compare {owner}'s capture ({e!r})", warning=True)
-    return result
-
-
-def _restoring(capture: Any, metadata: Any, args: tuple, kw: dict) -> Any:
-    names = getattr(type(metadata), "__slots__", None) or vars(metadata)
-    fields = {n: getattr(metadata, n, None) for n in names}
-    on_device = getattr(fields.get("query_start_loc"), "is_cpu", True) is False
-    torch = sys.modules["torch"]
-    saved = [
-        (v, v.clone())
-        for n, v in fields.items()
-        if isinstance(v, torch.Tensor) and (v.is_cpu if on_device else is_host_field(n))
-    ]
-    try:
         return capture(metadata, *args, **kw)
     finally:
-        for tensor, before in saved:
-            tensor.copy_(before)
-
-
-def _class_guard(fn: Any) -> Any:
-    def build_for_cudagraph_capture(self, common_attn_metadata, *args, **kwargs):
-        bound = fn.__get__(self, type(self))
-        owner = type(self).__name__
-        return guarded_call(bound, owner, common_attn_metadata, *args, **kwargs)
-
-    return build_for_cudagraph_capture
+        _state.depth = 0
+        try:
+            _note(owner, put_back(saved), getattr(metadata, "num_actual_tokens", "?"))
+        except Exception as e:
+            _say(f"could not put back what {owner}'s capture wrote ({e!r})", True)
 
 
 def guard_class(cls: type) -> None:
+    def make(fn: Any) -> Any:
+        def build_for_cudagraph_capture(self, common_attn_metadata, *args, **kwargs):
+            bound, owner = fn.__get__(self, type(self)), type(self).__name__
+            return guarded_call(bound, owner, common_attn_metadata, *args, **kwargs)
+
+        return build_for_cudagraph_capture
+
     if not base.is_guarded(vars(cls).get(METHOD)):
-        base.wrap_method(cls, METHOD, _class_guard)
+        base.wrap_method(cls, METHOD, make)
 
 
 def guard_instance(builder: Any) -> None:
     """Guard ``builder``'s capture, resolved at each call: its own (set in
     ``__init__``), else its class's as it is then."""
-    own = vars(builder).get(METHOD)
+    own, cls = vars(builder).get(METHOD), type(builder)
     if base.is_guarded(own):
         return
-    cls = type(builder)
 
     def build_for_cudagraph_capture(common_attn_metadata, *args, **kwargs):
         capture = own or getattr(cls, METHOD).__get__(builder, cls)
@@ -250,17 +214,15 @@ def _making(make: Any) -> Any:
 
 
 DETAIL = (
-    "every metadata builder's capture runs on its own copy of the host "
-    f"metadata, as vLLM makes each builder and on every builder class "
-    f"(backport of PR {PR})"
+    "every metadata builder's capture puts back the host values it changed in "
+    f"place, as vLLM makes each builder and on every builder class (backport "
+    f"of PR {PR})"
 )
 
 
 class RocmAttnCpuOffsets(base.Patch):
     name, pr = "rocm-attn-cpu-offsets", PR
-    modules = (UTILS, BASE, ROCM, "vllm.v1.attention.backends.rocm_aiter_unified_attn")
-    backends = ("ROCM_ATTN", "ROCM_AITER_UNIFIED_ATTN")
-    targets = ((ROCM, "RocmAttentionMetadataBuilder"), (ROCM, "RocmAttentionBackend"))
+    modules = (UTILS, BASE, *(f"vllm.v1.attention.backends.{m}" for m in BACKENDS))
 
     def plan(self, module: ModuleType) -> base.Outcome:
         group = getattr(sys.modules.get(UTILS), GROUP, None)

@@ -2,7 +2,7 @@
 """The seed scenario: a backend's builder, then MiniMax-M3's indexer, on
 shared runner buffers, in the runner's capture order.
 
-The backends come from the patches (``Patch.backends``): a new backport's
+The backends come from the patches (``tools.fixes.BACKENDS``): a new backport's
 backends are covered by ``check``, the oracle and the version matrix without
 editing them.
 """
@@ -26,10 +26,11 @@ GROUPS = ("attention", "indexer")
 def seed_backends() -> tuple[str, ...]:
     """Every backend some patch fixes, in the patches' order."""
     from vllm_capture_guard.runtime.patches import PATCHES
+    from vllm_capture_guard.tools.fixes import backends
 
     found: list[str] = []
     for patch in PATCHES:
-        found += [b for b in patch.backends if b not in found]
+        found += [b for b in backends(patch) if b not in found]
     return tuple(found)
 
 
