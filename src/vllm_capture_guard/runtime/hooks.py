@@ -1,14 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Post-import hooks: run a function the moment vLLM imports a module.
-
-As ``wrapt.when_imported`` does it, without bringing wrapt into a vendor image:
-a finder first on ``sys.meta_path`` answers only for the watched names, lets
-the other finders find the module, and wraps that spec loader's
-``exec_module`` (an instance attribute, removed again at once) so the hooks run
-right after the module body. A hook runs once and never breaks the import: an
-exception goes to its error handler. A hook asked for while its module is being
-imported runs at the next import anywhere after that module is complete.
-"""
+"""Post-import hooks, as ``wrapt.when_imported`` without wrapt: a finder first
+on ``sys.meta_path`` answers only for watched names; it lets the others find
+the module and wraps that loader's ``exec_module`` (an instance attribute,
+removed at once), so hooks run right after the module body. A hook runs once
+and never breaks the import; one asked for mid-import runs at the next import
+after that module is complete."""
 
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ from typing import Any
 
 Hook = Callable[[ModuleType], None]
 OnError = Callable[[str, BaseException], None]
-
 _lock = threading.RLock()
 _pending: dict[str, list[tuple[Hook, OnError]]] = {}
 _deferred: set[str] = set()  # watched modules that were mid-import
@@ -37,6 +32,11 @@ def _run(name: str, module: ModuleType, hooks: list[tuple[Hook, OnError]]) -> No
                 on_error(name, e)
 
 
+def _take(name: str) -> list[tuple[Hook, OnError]]:
+    with _lock:
+        return _pending.pop(name, [])
+
+
 def _complete(name: str) -> bool:
     spec = getattr(sys.modules.get(name), "__spec__", None)
     return name in sys.modules and not getattr(spec, "_initializing", False)
@@ -47,20 +47,15 @@ class _Finder(importlib.abc.MetaPathFinder):
         if _deferred:
             with _lock:
                 ready = [n for n in _deferred if _complete(n)]
-                runs = [(n, _pending.pop(n, [])) for n in ready]
                 _deferred.difference_update(ready)
-            for name, hooks in runs:
-                _run(name, sys.modules[name], hooks)
+            for name in ready:
+                _run(name, sys.modules[name], _take(name))
         if fullname not in _pending:  # the fast path for every other import
             return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = (
-                None if finder is self or find is None else find(fullname, path, target)
-            )
-            if spec is not None:
-                break
-        else:
+        others = (f for f in sys.meta_path if f is not self)
+        finds = (getattr(f, "find_spec", lambda *a: None) for f in others)
+        spec = next((s for find in finds if (s := find(fullname, path, target))), None)
+        if spec is None:
             return None
         loader = spec.loader
         original = getattr(loader, "exec_module", None)
@@ -71,25 +66,19 @@ class _Finder(importlib.abc.MetaPathFinder):
             finally:  # the loader as it was, before anyone else sees it
                 if vars(loader).get("exec_module") is exec_module:
                     del loader.exec_module
-            if module.__name__ == fullname:
-                # The body ran: the module is complete (importlib says so a
-                # moment later), and hooks may tell it from one mid-import.
+            if module.__name__ == fullname:  # the body ran: the module is complete
                 with contextlib.suppress(Exception):
                     module.__spec__._initializing = False
-                with _lock:
-                    hooks = _pending.pop(fullname, [])
-                _run(fullname, module, hooks)
+                _run(fullname, module, _take(fullname))
 
         try:
             if original is None or isinstance(loader, type):
                 raise TypeError
             loader.exec_module = exec_module
         except Exception:
-            with _lock:
-                hooks = _pending.pop(fullname, [])
             why = f"its loader {loader!r} cannot carry a hook"
             error = RuntimeError(f"cannot watch the import of {fullname}: {why}")
-            for _hook, on_error in hooks:
+            for _hook, on_error in _take(fullname):
                 with contextlib.suppress(Exception):
                     on_error(fullname, error)
         return spec
@@ -99,8 +88,8 @@ _finder = _Finder()
 
 
 def when_imported(name: str, hook: Hook, on_error: OnError) -> None:
-    """Run ``hook(module)`` once ``name`` is imported: now, if it already is,
-    else right after vLLM imports it."""
+    """Run ``hook(module)`` once ``name`` is imported: now if it is, else
+    right after vLLM imports it."""
     with _lock:
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)

@@ -1,13 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vLLM general plugin entry point (group ``vllm.general_plugins``).
-
-vLLM calls :func:`register` in every process it starts. It reads the switches
-and sets post-import hooks; it imports no vLLM attention module and
-initialises no CUDA/HIP. Every patch applies the moment vLLM imports a module
-it changes, and all of them again right before vLLM makes its metadata
-builders. What a patch did is logged once, and again when it changes; a
-WARNING is never dropped. Nothing here ever raises into vLLM.
-"""
+"""vLLM general plugin (group ``vllm.general_plugins``): vLLM calls
+:func:`register` in every process it starts. It reads the switches and sets
+post-import hooks, and imports no attention module and initialises no
+CUDA/HIP. Each patch applies when vLLM imports a module it changes, and all
+again right before vLLM makes its metadata builders. What a patch did is
+logged once, and again when it changes; a WARNING is never dropped. Nothing
+here ever raises into vLLM."""
 
 from __future__ import annotations
 
@@ -138,8 +136,7 @@ def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
             why = f"platform is {name}, not ROCm (set {switch.ENV}=on to act anyway)"
             return Report("auto", "skipped", why)
     patches = _patches()
-    unknown = patches.unknown_disabled()
-    if unknown:
+    if unknown := patches.unknown_disabled():
         log.warning(f"{PREFIX}: {unknown}")
     global _report
     _report = Report(mode.value, "armed", "waiting for vLLM to import what it fixes")

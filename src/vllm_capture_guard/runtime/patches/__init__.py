@@ -1,12 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Backports of upstream vLLM fixes: one module per fix, each documented under
-What, Symptom, Cause, Upstream, Affected, Detected, How, Delete when.
-
-A :class:`Patch` never imports a vLLM module and never runs vLLM's code to
-learn what it does: it looks at what vLLM has imported (``plan``) and installs
-its fix there. ``apply`` is idempotent and thread-safe (one lock); wrappers
-never stack.
-"""
+"""Backports of upstream vLLM fixes, one module per fix. A :class:`Patch`
+imports no vLLM module and runs none of vLLM's code to learn what it does: it
+looks at what vLLM imported (``plan``) and installs its fix there. ``apply``
+is idempotent and thread-safe (one lock); wrappers never stack."""
 
 from __future__ import annotations
 
@@ -20,21 +16,16 @@ from typing import Any, ClassVar
 
 from vllm_capture_guard.runtime import switch
 
-#: Set on every function we install: what it replaced in the class's own
-#: ``__dict__`` (``None`` when the class only inherited it).
+#: On every function we install: what it replaced in the class's own
+#: ``__dict__`` (None where the class only inherited it).
 MARKER = "__vllm_capture_guard_original__"
 LOCK = threading.RLock()
 
 
 class Status(str, enum.Enum):
-    NEEDED = "needed"
-    PATCHED = "patched"
-    ALREADY = "already patched"
-    NOT_NEEDED = "not needed"
-    UNAVAILABLE = "unavailable"
-    DISABLED = "disabled"
-    #: installed, but the fix cannot reach all of the code (a WARNING says where)
-    INCOMPLETE = "incomplete"
+    NEEDED, PATCHED, ALREADY = "needed", "patched", "already patched"
+    NOT_NEEDED, UNAVAILABLE, DISABLED = "not needed", "unavailable", "disabled"
+    INCOMPLETE = "incomplete"  # installed, but a WARNING says what it cannot reach
     FAILED = "failed"
 
     def __str__(self) -> str:
@@ -88,8 +79,7 @@ def unwrap_method(cls: type, name: str) -> bool:
 
 
 def subclasses(root: type) -> list[type]:
-    """``root`` and every class derived from it, base classes first; never
-    our own classes."""
+    """``root`` and every class derived from it, bases first; not ours."""
     order, todo = [], [root]
     while todo:
         cls = todo.pop(0)
@@ -100,14 +90,12 @@ def subclasses(root: type) -> list[type]:
 
 
 class Patch:
-    """One upstream fix: subclasses set the class attributes and implement
-    ``plan`` (NEEDED, ALREADY or NOT_NEEDED), ``install`` and ``uninstall``."""
+    """One upstream fix: ``plan`` (NEEDED, ALREADY or NOT_NEEDED), ``install``
+    and ``uninstall``."""
 
     name: ClassVar[str]  # log lines, status, VLLM_CAPTURE_GUARD_DISABLE
     pr: ClassVar[str]  # the upstream pull request, e.g. "#51585"
     modules: ClassVar[tuple[str, ...]]  # whose import applies it
-    backends: ClassVar[tuple[str, ...]] = ()  # attention backends it fixes
-    targets: ClassVar[tuple[tuple[str, str], ...]] = ()  # (module, class) changed
     reverted: bool = False  # set by revert(); apply() clears it
 
     def plan(self, module: ModuleType) -> Outcome:
@@ -126,8 +114,9 @@ class Patch:
             return Outcome(self.name, Status.DISABLED, why)
         for name in self.modules:  # the first that vLLM has imported
             module = sys.modules.get(name)
-            spec = getattr(module, "__spec__", None)
-            if module is not None and not getattr(spec, "_initializing", False):
+            if module is not None and not getattr(
+                getattr(module, "__spec__", None), "_initializing", False
+            ):
                 return self.plan(module)
         why = f"{', '.join(self.modules)} not imported (yet)"
         return Outcome(self.name, Status.UNAVAILABLE, why)
@@ -139,8 +128,7 @@ class Patch:
             plan = self.decide()
             if plan.status is not Status.NEEDED:
                 return plan
-            detail = self.install(plan)
-            return Outcome(self.name, Status.PATCHED, detail, plan.warning)
+            return Outcome(self.name, Status.PATCHED, self.install(plan), plan.warning)
 
     def revert(self) -> bool:
         """Undo :meth:`apply` in this process (tests, tools)."""
@@ -151,18 +139,12 @@ class Patch:
 
 def _patches() -> tuple[Patch, ...]:
     from vllm_capture_guard.runtime.patches import graph_capture_stream as stream
-    from vllm_capture_guard.runtime.patches import (
-        rocm_aiter_unified_builder as aiter,
-    )
+    from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as aiter
     from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as rocm
 
-    # In this order: the AITER backport derives from the builder the first
-    # guards; the capture stream is independent of both.
-    return (
-        rocm.RocmAttnCpuOffsets(),
-        aiter.RocmAiterUnifiedBuilder(),
-        stream.GraphCaptureStream(),
-    )
+    # The AITER backport derives from the builder the first guards.
+    return (rocm.RocmAttnCpuOffsets(), aiter.RocmAiterUnifiedBuilder(),
+            stream.GraphCaptureStream())  # fmt: skip
 
 
 PATCHES: tuple[Patch, ...] = _patches()
@@ -170,17 +152,14 @@ NAMES = frozenset(p.name for p in PATCHES)
 
 
 def unknown_disabled() -> str | None:
-    """What is wrong with ``VLLM_CAPTURE_GUARD_DISABLE``: names that are no
-    patch (the tools say it too), or None."""
-    unknown = ", ".join(sorted(switch.disabled_patches() - NAMES))
-    if not unknown:
-        return None
-    known = ", ".join(sorted(NAMES))
-    return f"{switch.DISABLE_ENV} names no patch: {unknown} (the patches are {known})"
+    """Names in ``VLLM_CAPTURE_GUARD_DISABLE`` that are no patch, or None."""
+    if unknown := ", ".join(sorted(switch.disabled_patches() - NAMES)):
+        known = ", ".join(sorted(NAMES))
+        return (
+            f"{switch.DISABLE_ENV} names no patch: {unknown} (the patches are {known})"
+        )
+    return None
 
 
 def by_name(name: str) -> Patch:
-    for patch in PATCHES:
-        if patch.name == name:
-            return patch
-    raise KeyError(name)
+    return {p.name: p for p in PATCHES}[name]  # KeyError: no such patch

@@ -1,38 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Capture CUDA graphs on the current stream.
+"""Capture CUDA graphs on the current stream (backport of PR #53818, in 0.29.0;
+delete when 0.29.0 is the oldest supported).
 
-What: ``CudaGraphManager.capture`` (Model Runner V2,
-    ``vllm/v1/worker/gpu/cudagraph_utils.py``),
-    ``EncoderCudaGraphManager._capture_budget_graph``
-    (``vllm/v1/worker/encoder_cudagraph.py``) and
-    ``Gemma4Proposer._setup_centroids_cuda_graphs``
-    (``vllm/v1/spec_decode/gemma4.py``).
-Symptom: start-up dies in full-graph capture, e.g. on ROCm with AITER
-    (Kimi-K3, TP8, MI355X, Model Runner V2): ``splitk workspace not
-    initialized for the current CUDA stream. Call
-    aiter.opus_gemm_workspace_init()``.
-Cause: ``torch.cuda.graph(...)`` is called with no stream, so torch captures
-    on a side stream of its own, not the one the warm-up ran on; state a
-    kernel keeps per stream is missing there.
-Upstream: vllm-project/vllm PR #53818, in 0.29.0: ``stream=current_stream()``.
-Affected: 0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them.
-Detected: not by reading: every imported site gets the fix, and the stream
-    is filled in at run time wherever it is ``None`` (omitted, ``None``, or a
-    variable that is ``None`` then). The source is read only to say what the
-    fix cannot reach (a graph capture through an attribute, say): the status
-    is then ``incomplete``, with a WARNING.
-How: the class gets a copy of the function (same code, defaults, closure,
-    decorators) whose globals read its module's live, except that a global
-    that *is* ``torch``, ``torch.cuda`` or ``torch.cuda.graph``, under any
-    name (``from torch.cuda import graph as g``), reads as a stand-in whose
-    ``graph`` is torch's own given vLLM's ``current_stream()`` where the
-    stream is ``None``. torch itself is never changed: no other code, thread
-    or library sees another ``torch.cuda.graph``. (Setting torch's
-    ``torch.cuda.graph.default_capture_stream`` during the call would reach
-    any alias too, but it is process-global: another thread's capture would
-    take this thread's stream.)
-Delete when: the oldest vLLM this project supports is 0.29.0 or newer.
-"""
+Symptom: full-graph capture dies at start-up, e.g. AITER's ``splitk workspace
+not initialized for the current CUDA stream`` (Kimi-K3, TP8, MI355X). Cause:
+three sites call ``torch.cuda.graph(...)`` with no stream, so torch captures
+on a side stream of its own. How: each site's class gets a copy of the
+function (same code, defaults, closure, decorators) whose globals read its
+module live, except that ``torch``, ``torch.cuda`` and ``torch.cuda.graph``,
+under any name, read as stand-ins that give ``torch.cuda.graph`` vLLM's
+``current_stream()`` where the stream is None. torch itself is never changed.
+The source is read only to say what the stand-ins cannot reach (status
+``incomplete``, with a WARNING), never to leave a site unpatched."""
 
 from __future__ import annotations
 
@@ -107,33 +86,22 @@ class _Globals(dict):
 
 
 def unreached(fn: Any) -> list[str]:
-    """The graph captures in ``fn`` (``with <...graph...>(...)``) that the
-    stand-ins do not reach: read from the source to say so, never to leave a
-    site unpatched."""
-    fn = inspect.unwrap(fn)
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    torch, found = sys.modules["torch"], []
-    scope = fn.__globals__
-    for node in ast.walk(tree):
+    """The graph captures in ``fn`` (``with <...graph>(...)``) that the
+    stand-ins do not reach, read from its source to say so."""
+    fn, torch, found = inspect.unwrap(fn), sys.modules["torch"], []
+    reached = {(): torch.cuda.graph, ("graph",): torch.cuda, ("cuda", "graph"): torch}
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))):
         if isinstance(node, ast.Global):
             found.append("a global statement (the copy has its own globals)")
-        calls = [i.context_expr for i in getattr(node, "items", ())]
-        for call in (c for c in calls if isinstance(c, ast.Call)):
-            f, leaf = call.func, ast.unparse(call.func).rsplit(".", 1)[-1]
-            reached = (
-                (isinstance(f, ast.Name) and scope.get(f.id) is torch.cuda.graph)
-                or (
-                    ast.unparse(f) == "torch.cuda.graph" and scope.get("torch") is torch
-                )
-                or (
-                    isinstance(f, ast.Attribute)
-                    and f.attr == "graph"
-                    and isinstance(f.value, ast.Name)
-                    and scope.get(f.value.id) is torch.cuda
-                )
-            )
-            if leaf.lower().endswith("graph") and not reached:
-                found.append(f"{ast.unparse(f)}(...) at line {call.lineno}")
+        for item in getattr(node, "items", ()):
+            call = item.context_expr
+            name = ast.unparse(call.func) if isinstance(call, ast.Call) else ""
+            if not name.lower().endswith("graph"):
+                continue
+            root, *rest = name.split(".")
+            top = fn.__globals__.get(root, found)  # what the stand-ins replace
+            if top is not reached.get(tuple(rest)):
+                found.append(f"{name}(...) at line {call.lineno}")
     return found
 
 
@@ -176,8 +144,6 @@ def _loaded() -> list[tuple[str, type, str]]:
 class GraphCaptureStream(base.Patch):
     name, pr = "graph-capture-stream", "#53818"
     modules = tuple(dict.fromkeys(m for m, _, _ in SITES))
-    backends = ()  # not an attention backend's fix
-    targets = tuple((m, c) for m, c, _ in SITES)
 
     def plan(self, module: ModuleType) -> base.Outcome:
         todo, done, gaps = [], [], []

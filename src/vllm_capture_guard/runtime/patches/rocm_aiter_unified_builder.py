@@ -1,31 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ROCM_AITER_UNIFIED_ATTN's capture leaves the query offsets alone.
+"""``ROCM_AITER_UNIFIED_ATTN`` gets upstream's own builder, whose capture leaves
+the query offsets alone (backport of PR #53821, in 0.29.0; delete when 0.29.0
+is the oldest supported).
 
-What: ``get_builder_cls`` of ``RocmAiterUnifiedAttentionBackend``
-    (``vllm.v1.attention.backends.rocm_aiter_unified_attn``) and of every
-    backend class derived from it that has one of its own.
-Symptom: the backend captures its graphs after the shared device
-    ``query_start_loc`` was zeroed, and its kernel reads those offsets at
-    replay.
-Cause: in 0.27.x/0.28.0 the backend has no builder of its own; it returns
-    ``RocmAttentionMetadataBuilder``, whose capture zeroes ``query_start_loc``
-    against a fault in a kernel this backend does not use (vLLM #25985).
-Upstream: vllm-project/vllm PR #53821, in 0.29.0: its own builder, whose
-    capture sets ``seq_lens`` to 1 and leaves the offsets alone.
-Affected: 0.27.0, 0.27.1, 0.28.0 and the ROCm nightlies built from them.
-Detected: not at all: every such backend gets the upstream builder, on every
-    release (on 0.29.0 and later it does what vLLM's own does). Replacing a
-    capture that is neither vLLM's ROCm capture nor vLLM's own AITER builder's
-    (a vendor's) is said in a WARNING.
-How: ``get_builder_cls()`` returns a subclass of what it returned before,
-    named and placed like upstream's (bound in the backend's module under
-    upstream's name, over vLLM's own from 0.29.0 on; pickled by reference to
-    this module, where a process that loaded the plugin made it), whose
-    capture is
-    upstream's: ``self.build(0, metadata)`` (vLLM's own ``build``), returned
-    ``seq_lens`` set to 1, nothing else written.
-Delete when: the oldest vLLM this project supports is 0.29.0 or newer.
-"""
+Cause: on 0.27/0.28 the backend returns ``RocmAttentionMetadataBuilder``,
+whose capture zeroes the device ``query_start_loc`` (vLLM #25985), which the
+AITER kernel reads at replay. How: ``get_builder_cls()`` of the backend, and
+of every subclass with its own, returns a subclass of what it returned before
+whose capture is upstream's (``self.build(0, ...)``, returned ``seq_lens`` set
+to 1, nothing else written), on every release; bound in the backend's module
+under upstream's name. Replacing a vendor's capture is said in a WARNING."""
 
 from __future__ import annotations
 
@@ -83,8 +67,6 @@ def backends() -> list[type]:
 class RocmAiterUnifiedBuilder(base.Patch):
     name, pr = "rocm-aiter-unified-builder", "#53821"
     modules = (MODULE,)
-    backends = ("ROCM_AITER_UNIFIED_ATTN",)
-    targets = ((MODULE, BACKEND),)
 
     def plan(self, module: ModuleType) -> base.Outcome:
         if not isinstance(getattr(module, BACKEND, None), type):
