@@ -86,7 +86,7 @@ class Clock:
         guarded_call, clock = g.guarded_call, time.thread_time
 
         def call(capture, owner, metadata, *args, **kwargs):  # noqa: ANN001, ANN202
-            if getattr(g._state, "depth", 0):  # nested: counted by the outer call
+            if id(metadata) in getattr(g._state, "active", ()):  # nested: not again
                 return guarded_call(capture, owner, metadata, *args, **kwargs)
             inner = []
 

@@ -209,6 +209,47 @@ def test_the_capture_sees_its_own_writes_and_the_runners_buffers():
     assert shared.host_alias_cpu.tolist() == harness.Batch(4).offsets()
 
 
+def test_a_tensor_in_a_container_is_put_back_in_place_and_stays_the_runners():
+    shared = harness.shared_metadata(harness.Batch(2))
+    runners = torch.arange(4, dtype=torch.int32)
+    shared.__dict__["vendor_ranges"] = {"offsets": runners, "spans": [(0, 1)]}
+
+    def capture(metadata):
+        metadata.vendor_ranges["offsets"].zero_()
+        metadata.vendor_ranges["offsets"] = torch.zeros(4)
+        metadata.vendor_ranges["spans"].append((1, 2))
+
+    guard.guarded_call(capture, "Containers", shared)
+    assert shared.vendor_ranges["offsets"] is runners
+    assert runners.tolist() == [0, 1, 2, 3]
+    assert shared.vendor_ranges["spans"] == [(0, 1)]
+
+
+def test_nan_where_nan_was_is_no_write(caplog):
+    shared = harness.shared_metadata(harness.Batch(2))
+    shared.__dict__["scale_cpu"] = torch.tensor([float("nan"), 1.0])
+    shared.__dict__["scale_strided_cpu"] = torch.full((4,), float("nan"))[::2]
+    with caplog.at_level(logging.INFO, logger="vllm.capture_guard"):
+        guard.guarded_call(lambda m: None, "NaNs", shared)
+    said = [r.getMessage() for r in caplog.records if "NaNs" in r.getMessage()]
+    assert said and "wrote no shared host value" in said[0], said
+
+
+def test_a_nested_capture_on_other_metadata_is_guarded_too():
+    outer = harness.shared_metadata(harness.Batch(2))
+    inner = harness.shared_metadata(harness.Batch(3))
+
+    def nested(metadata):
+        metadata.query_start_loc_cpu.zero_()
+
+    def capture(metadata):
+        return guard.guarded_call(nested, "Inner", inner)
+
+    guard.guarded_call(capture, "Outer", outer)
+    assert inner.query_start_loc_cpu.tolist() == harness.Batch(3).offsets()
+    assert guard.SEEN["Inner"]["wrote"] == {"query_start_loc_cpu": 3}
+
+
 def test_a_write_that_bypasses_torchs_version_counter_is_put_back():
     """A write through a numpy view (no version bump) is told from the bytes."""
     shared = harness.shared_metadata(harness.Batch(4))
@@ -241,7 +282,7 @@ def test_host_is_where_a_tensor_lives_when_the_device_fields_are_on_a_gpu():
     neutral = shared.query_start_loc_cpu[:]  # a host view, neutrally named
     shared.__dict__["vendor_offsets"] = neutral
     shared.__dict__["vendor_array"] = np.arange(4)
-    saved = {name for name, _, _ in guard.save(shared)}
+    saved = {entry[0] for entry in guard.save(shared)[0]}
     assert {"query_start_loc_cpu", "vendor_offsets", "vendor_array"} <= saved
     assert "query_start_loc" not in saved
 
@@ -257,7 +298,7 @@ def test_host_is_where_a_tensor_lives_when_the_device_fields_are_on_a_gpu():
     # on an all-CPU host names decide: the neutral name is not host there
     plain = harness.shared_metadata(harness.Batch(4))
     plain.__dict__["vendor_offsets"] = plain.query_start_loc_cpu[:]
-    assert "vendor_offsets" not in {name for name, _, _ in guard.save(plain)}
+    assert "vendor_offsets" not in {entry[0] for entry in guard.save(plain)[0]}
 
 
 def test_the_log_says_once_what_the_capture_wrote(rocm, caplog):
@@ -337,8 +378,45 @@ def test_a_metadata_it_cannot_read_runs_vllms_own_call_with_one_warning(caplog):
         assert guard.guarded_call(zeroes, "Unreadable", cm) == "built"
         assert guard.guarded_call(zeroes, "Unreadable", cm) == "built"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "ran unguarded" in warnings[0], warnings
+    assert len(warnings) == 1 and "ran unguarded" in warnings[0], warnings  # once
     assert cm.query_start_loc.eq(0).all()
+
+
+def test_memory_that_moved_is_never_written_and_the_others_are_put_back(caplog):
+    """A capture that frees or shrinks a host tensor's storage: the guard does
+    not touch that memory; every other host value is still put back."""
+    shared = harness.shared_metadata(harness.Batch(4))
+    shared.__dict__["workspace_cpu"] = torch.zeros(1 << 20, dtype=torch.int32)
+
+    def capture(metadata):
+        metadata.query_start_loc_cpu.zero_()
+        metadata.workspace_cpu.untyped_storage().resize_(0)
+
+    with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
+        guard.guarded_call(capture, "Frees", shared)
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "could not keep workspace_cpu" in warnings[0]
+
+
+def test_a_value_it_cannot_save_leaves_the_others_guarded(caplog):
+    class Unsaveable:
+        __array__ = None
+
+        def copy(self):
+            raise TypeError("no copies")
+
+    shared = harness.shared_metadata(harness.Batch(4))
+    shared.__dict__["vendor_state"] = Unsaveable()
+
+    def capture(metadata):
+        metadata.query_start_loc_cpu.zero_()
+
+    with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
+        guard.guarded_call(capture, "Unsaveable", shared)
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "could not keep vendor_state" in warnings[0]
 
 
 def test_a_failure_after_the_capture_never_reaches_vllm(monkeypatch, caplog):

@@ -40,7 +40,7 @@ HOST_NAMES = frozenset({"is_prefilling", "rswa_prefix_lens", "req_idx"})
 SEEN: dict[str, dict] = {}
 _PLAIN = frozenset({type(None), bool, int, float, str})
 _log = logging.getLogger("vllm.capture_guard")
-_state = threading.local()  # .depth > 0 inside a guarded capture
+_state = threading.local()  # .active: ids of the metadata guarded in this thread
 _said: set[str] = set()
 
 
@@ -56,64 +56,89 @@ def is_host_field(name: str) -> bool:
     )
 
 
-def save(metadata: Any) -> list[tuple[str, Any, Any]]:
-    """``(field, value, copy)`` of each host value of ``metadata``, once per
-    value; a dense host tensor's copy is its bytes (the cheapest copy)."""
+def save(metadata: Any) -> tuple[list, list[str]]:
+    """``([(field, value, copy, pointer)], [fields that could not be saved])``
+    for each host value of ``metadata``, once per value, and inside its dicts,
+    lists and tuples; a dense host tensor's copy is its bytes."""
     fields, torch = vars(metadata), sys.modules.get("torch")
-    tensor, np = torch.Tensor if torch else (), sys.modules.get("numpy")
-    containers = (dict, list, np.ndarray) if np else (dict, list)
     on_device = getattr(fields.get("query_start_loc"), "is_cpu", True) is False
-    found: dict[int, tuple[str, Any]] = {}
-    for n, v in fields.items():
-        if type(v) in _PLAIN or id(v) in found:
-            continue
-        if isinstance(v, tensor):
-            if v.is_cpu if on_device else is_host_field(n):
-                found[id(v)] = (n, v)
-        elif isinstance(v, containers):
-            found[id(v)] = (n, v)
-    return [(n, v, _copy(v)) for n, v in found.values()]
+    saved, failed, seen = [], [], set()
+    todo = list(fields.items())  # grows by what dicts, lists and tuples hold
+    top, tensor = len(todo), torch.Tensor if torch is not None else ()
+    for i, (name, value) in enumerate(todo):
+        if type(value) in _PLAIN or id(value) in seen:
+            continue  # a scalar, or a value another field holds
+        seen.add(id(value))
+        try:
+            if isinstance(value, tensor):
+                if value.is_cpu and (on_device or i >= top or is_host_field(name)):
+                    saved.append((name, value, *_copy(value, torch)))
+            elif isinstance(value, (dict, list, tuple)):
+                items = value.items() if isinstance(value, dict) else enumerate(value)
+                todo += [(f"{name}[{k!r}]", v) for k, v in items]
+                if not isinstance(value, tuple):
+                    saved.append((name, value, copy.copy(value), None))
+            elif hasattr(value, "__array__") and hasattr(value, "copy"):  # numpy
+                saved.append((name, value, value.copy(), None))
+        except Exception as e:  # that value alone goes unsaved
+            failed.append(f"{name} ({_short(e)})")
+    return saved, failed
 
 
-def _copy(value: Any) -> Any:
-    if isinstance(value, (dict, list)) or not hasattr(value, "data_ptr"):
-        return copy.deepcopy(value)  # a container or an array
-    try:
-        if value.is_cpu and value.is_contiguous():
-            return ctypes.string_at(value.data_ptr(), value.nbytes)
-    except RuntimeError:  # a sparse tensor, say
-        pass
-    return value.clone()
+def _copy(t: Any, torch: Any) -> tuple[Any, int | None]:
+    """A host tensor's bytes and where they lie, if torch says they are one
+    dense block of memory; else a copy made by torch."""
+    dense = type(t) is torch.Tensor and t.layout is torch.strided
+    if dense and t.is_contiguous() and (ptr := t.data_ptr()):
+        return ctypes.string_at(ptr, t.nbytes), ptr
+    return t.clone(), None
 
 
-def _same(a: Any, b: Any) -> bool:
-    if type(b) is bytes:  # a dense host tensor's
-        return a.nbytes == len(b) and ctypes.string_at(a.data_ptr(), len(b)) == b
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+def _same(a: Any, b: Any, ptr: int | None) -> bool:
+    if ptr is not None:  # bytes; the memory moved if the pointer did
+        if a.data_ptr() != ptr or a.nbytes != len(b):
+            raise ValueError("its memory moved or changed size")
+        return ctypes.string_at(ptr, len(b)) == b
+    if isinstance(a, dict):  # the very same objects, or equal scalars
+        return a.keys() == b.keys() and all(_kept(a[k], b[k]) for k in a)
     if isinstance(a, list):
-        return len(a) == len(b) and all(map(_same, a, b))
-    if hasattr(a, "data_ptr"):  # a tensor copied by torch
-        return sys.modules["torch"].equal(a, b)
-    if hasattr(a, "shape"):  # an array
-        return a.shape == b.shape and bool((a == b).all())
-    return bool(a == b)
+        return len(a) == len(b) and all(map(_kept, a, b))
+    if a.shape != b.shape:
+        return False
+    return bool(((a == b) | ((a != a) & (b != b))).all())  # NaN for NaN: no write
 
 
-def put_back(saved: list[tuple[str, Any, Any]]) -> list[str]:
-    """Put back each saved value changed in place; the fields it changed."""
-    changed = [(n, v, b) for n, v, b in saved if not _same(v, b)]
-    for name, value, before in changed:  # all told first: fields share memory
-        if type(before) is bytes:
-            if value.nbytes != len(before) or not value.is_contiguous():
-                raise ValueError(f"{name} changed its shape")
-            ctypes.memmove(value.data_ptr(), before, len(before))
-        elif isinstance(value, dict):
-            value.clear()
-            value.update(before)
-        else:  # a list, a tensor or an array
-            value[slice(None) if isinstance(value, list) else ...] = before
-    return [name for name, _, _ in changed]
+def _kept(x: Any, y: Any) -> bool:
+    return x is y or (type(x) in _PLAIN and type(x) is type(y) and x == y)
+
+
+def put_back(saved: list) -> tuple[list[str], list[str]]:
+    """Put back each saved value changed in place: ``(the fields changed, the
+    fields that could not be told or put back)``."""
+    changed, failed = [], []
+    for name, value, before, ptr in saved:  # all told first: values share memory
+        try:
+            if not _same(value, before, ptr):
+                changed.append((name, value, before, ptr))
+        except Exception as e:
+            failed.append(f"{name} ({_short(e)})")
+    for name, value, before, ptr in changed:
+        try:
+            if ptr is not None:
+                ctypes.memmove(ptr, before, len(before))
+            elif isinstance(value, dict):
+                value.clear()
+                value.update(before)
+            else:  # a list, a tensor or an array
+                value[slice(None) if isinstance(value, list) else ...] = before
+        except Exception as e:
+            failed.append(f"{name} ({_short(e)})")
+    return [name for name, *_ in changed], failed
+
+
+def _short(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}"
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _say(message: str, warning: bool = False) -> None:
@@ -125,10 +150,12 @@ def _say(message: str, warning: bool = False) -> None:
 
 
 def _note(owner: str, wrote: list[str], size: Any) -> None:
-    seen = SEEN.get(owner) or SEEN.setdefault(owner, {"calls": 0, "wrote": {}})
-    seen["calls"] += 1
-    if new := [n for n in wrote if n not in seen["wrote"]]:
+    with base.LOCK:
+        seen = SEEN.setdefault(owner, {"calls": 0, "wrote": {}})
+        seen["calls"] += 1
+        new = [n for n in wrote if n not in seen["wrote"]]
         seen["wrote"].update(dict.fromkeys(new, size))
+    if new:
         _say(f"{owner}'s capture wrote {', '.join(new)} (size {size}); kept from "
              f"the other builders (backport of PR {PR})")  # fmt: skip
     elif seen["calls"] == 1:
@@ -137,23 +164,28 @@ def _note(owner: str, wrote: list[str], size: Any) -> None:
 
 def guarded_call(capture: Any, owner: str, metadata: Any, *args: Any, **kw: Any) -> Any:
     """``capture(metadata, ...)``, then put back what it changed in place."""
-    if getattr(_state, "depth", 0):  # nested: the outer call puts back
+    active = _state.__dict__.setdefault("active", set())
+    if id(metadata) in active:  # nested on the same metadata: the outer puts back
         return capture(metadata, *args, **kw)
     try:
-        saved = save(metadata)
+        saved, failed = save(metadata)
     except Exception as e:  # never stop vLLM: its own call, unguarded
-        _say(f"could not save the metadata for {owner}'s capture ({e!r}); it ran "
-             "unguarded, and may change what other builders read", True)  # fmt: skip
+        why = f"could not read the metadata for {owner}'s capture ({_short(e)})"
+        _say(f"{why}; it ran unguarded, and may change what other builders read", True)
         return capture(metadata, *args, **kw)
-    _state.depth = 1
+    active.add(id(metadata))
     try:
         return capture(metadata, *args, **kw)
     finally:
-        _state.depth = 0
+        active.discard(id(metadata))
         try:
-            _note(owner, put_back(saved), getattr(metadata, "num_actual_tokens", "?"))
+            wrote, lost = put_back(saved)
+            _note(owner, wrote, getattr(metadata, "num_actual_tokens", "?"))
+            if lost := failed + lost:
+                _say(f"{owner}'s capture: could not keep {', '.join(lost)} from the "
+                     "other builders", True)  # fmt: skip
         except Exception as e:
-            _say(f"could not put back what {owner}'s capture wrote ({e!r})", True)
+            _say(f"could not put back what {owner}'s capture wrote ({_short(e)})", True)
 
 
 def guard_class(cls: type) -> None:
