@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the guard costs, in CPU time, on vLLM's real V1 start-up (CPU).
 
-Prints, in one run (medians of several runs, CPU time of this process):
+Prints, in one run (medians of several runs; CPU time of the calling thread
+for 1 and 2, of a fresh interpreter's process for 3 and 4):
   1. the guard's own work summed over a whole start-up's captures: vLLM's
      ``profile_cudagraph_memory``, ``capture_model`` at its 51 sizes and one
      ``execute_dummy_batch``, MiniMax-M3's two KV-cache groups (the ROCm
@@ -76,7 +77,8 @@ print(f"{sum(spent) * 1e3:.3f}")
 
 
 class Clock:
-    """CPU time in each outermost guarded call, less the capture's own."""
+    """CPU time of each guarded call not nested on the same metadata, less the
+    capture's own, on the calling thread."""
 
     def __init__(self) -> None:
         from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as g

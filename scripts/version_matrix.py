@@ -257,8 +257,9 @@ def _capture(summary: dict, backend: str) -> str:
 
 
 def _wrote(f: dict) -> str:
-    """What each builder class's capture wrote, told by the guard from its
-    own copies during the guarded run (kept from the other builders)."""
+    """What each builder class's capture wrote, told by the guard from the
+    host values it saved before each capture (put back for the other
+    builders) during the guarded run."""
     cells = []
     for name, fields in sorted(f["wrote"].items()):
         what = ", ".join(f"`{k}`" for k in fields) or "nothing"

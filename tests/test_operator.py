@@ -75,7 +75,7 @@ def test_status_and_check_tell_one_story_under_auto_on_a_cpu_host():
     assert "not ROCm; auto acts on ROCm only" in told
     judged = _guard_line(check.stdout)
     # the same words, then what check itself did, said as a simulation; the
-    # guard installs its copies on every release (it guards at use)
+    # guard installs its fixes on every release (it guards at use)
     assert judged.startswith(told + "; check SIMULATES the ROCm path here")
     assert judged.endswith("(auto counts as on): patched"), judged
     # status's verdict: decided by running vLLM's own code unguarded, here

@@ -12,8 +12,9 @@ decode_query_len > 0``, at the step where the hazard reaches it), with it on
 it must get through every step, its builder captured at every size, and the
 guard must say once what the capture wrote. A capture that sizes a workspace
 on its first call passes both ways: the guard runs nothing of vLLM's. A host
-field with a neutral name is kept where the device fields are on a GPU, and
-(documented) not where everything is on the CPU.
+view with a neutral name is kept where the device fields are on a GPU (by
+where it lives), and where everything is on the CPU because its memory is
+the named host offsets'.
 
 Stubs, in those processes only (``cpu_runner``): streams and events, device
 synchronisation, memory queries, compute-unit count, pinned host memory and

@@ -29,6 +29,8 @@ def targets(patch: Any) -> tuple[tuple[str, str], ...]:
         )
     if patch.name == "rocm-aiter-unified-builder":
         return ((_AITER, "RocmAiterUnifiedAttentionBackend"),)
-    from vllm_capture_guard.runtime.patches.graph_capture_stream import SITES
+    if patch.name == "graph-capture-stream":
+        from vllm_capture_guard.runtime.patches.graph_capture_stream import SITES
 
-    return tuple((module, cls) for module, cls, _ in SITES)
+        return tuple((module, cls) for module, cls, _ in SITES)
+    raise KeyError(f"tools/fixes.py names no targets for {patch.name}")

@@ -261,7 +261,7 @@ def test_a_write_that_bypasses_torchs_version_counter_is_put_back():
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
 
 
-def test_containers_are_the_captures_own():
+def test_containers_are_put_back():
     shared = harness.shared_metadata(harness.Batch(2))
     shared.__dict__["vendor_ranges"] = {0: [(0, 1)]}
 
