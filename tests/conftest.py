@@ -87,9 +87,11 @@ def unpatched():
     from vllm_capture_guard.runtime.patches import PATCHES
 
     yield
+    from vllm_capture_guard.tools.revert import revert
+
     for patch in reversed(PATCHES):
         with contextlib.suppress(Exception):
-            patch.revert()
+            revert(patch)
 
 
 @pytest.fixture(scope="session")

@@ -85,8 +85,8 @@ FORKED_WORKER = """
 import json, os, sys
 import vllm.plugins
 vllm.plugins.load_general_plugins()
-from vllm_capture_guard.runtime import hooks
-pending = hooks.pending()
+from vllm_capture_guard.tools.revert import pending_hooks
+pending = pending_hooks()
 sys.stdout.flush(); sys.stderr.flush()
 read, write = os.pipe()
 pid = os.fork()

@@ -35,6 +35,7 @@ import pytest
 import torch
 
 from tests.gpu import attention as at
+from vllm_capture_guard.tools.revert import revert
 
 pytestmark = [
     pytest.mark.gpu,
@@ -102,7 +103,7 @@ def guard(gpu_results):
     yield found
     for patch in reversed(_patches()):
         with contextlib.suppress(Exception):
-            patch.revert()
+            revert(patch)
     if old is None:
         os.environ.pop("VLLM_CAPTURE_GUARD", None)
     else:
@@ -123,7 +124,7 @@ def guard_removed():
     """vLLM's own capture for the duration; the guard put back afterwards."""
     patches = _patches()
     for patch in reversed(patches):
-        patch.revert()
+        revert(patch)
     try:
         yield
     finally:

@@ -25,6 +25,8 @@ import os
 import pytest
 import torch
 
+from vllm_capture_guard.tools.revert import revert
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
@@ -53,7 +55,7 @@ def guarded():
         patch.apply()
     yield
     for patch in reversed(PATCHES):
-        patch.revert()
+        revert(patch)
     if old is None:
         os.environ.pop("VLLM_CAPTURE_GUARD", None)
     else:
@@ -124,7 +126,7 @@ def test_a_neutrally_named_host_view_is_kept_on_a_gpu(guarded, gpu_results):
 
     assert sc.RunnerBuffers(max_reqs=2, device=DEVICE).query_start_loc_cpu.is_pinned()
     for patch in reversed(PATCHES):
-        patch.revert()
+        revert(patch)
     try:
         run, _, batch, shared = _run([])
         assert run.failed is not None and run.failed.group == "indexer"

@@ -25,6 +25,8 @@ import contextlib
 import pytest
 import torch
 
+from vllm_capture_guard.tools.revert import revert
+
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a GPU (CUDA or HIP)"
 )
@@ -106,14 +108,14 @@ def _patch(on: bool):
     from vllm_capture_guard.runtime.patches import Status, by_name
 
     patch = by_name("graph-capture-stream")
-    patch.revert()
+    revert(patch)
     try:
         if on:
             outcome = patch.apply()
             assert outcome.status is Status.PATCHED, outcome
         yield patch
     finally:
-        patch.revert()
+        revert(patch)
 
 
 def test_unpatched_capture_fails_as_reported(mrv2, gpu_results):

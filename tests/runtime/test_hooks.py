@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from vllm_capture_guard.runtime import hooks
+from vllm_capture_guard.tools.revert import clear_hooks, pending_hooks
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def modules(tmp_path, monkeypatch):
     yield make
     for name in made:
         sys.modules.pop(name, None)
-    hooks.clear()
+    clear_hooks()
 
 
 def test_hook_runs_after_the_body_once(modules):
@@ -35,12 +36,12 @@ def test_hook_runs_after_the_body_once(modules):
     seen = []
     hooks.when_imported(name, lambda m: seen.append(m.VALUE), pytest.fail)
     assert seen == []
-    assert name in hooks.pending()
+    assert name in pending_hooks()
     module = importlib.import_module(name)
     assert seen == [42]
     importlib.reload(module)
     assert seen == [42]
-    assert name not in hooks.pending()
+    assert name not in pending_hooks()
     assert "exec_module" not in vars(module.__spec__.loader)
 
 
@@ -153,4 +154,4 @@ def test_loader_that_cannot_carry_a_hook_is_reported_not_broken(monkeypatch):
         assert len(errors) == 1 and "cannot carry a hook" in errors[0]
     finally:
         sys.modules.pop("cg_hook_class_loaded", None)
-        hooks.clear()
+        clear_hooks()

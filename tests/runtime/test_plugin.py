@@ -12,9 +12,10 @@ import threading
 import pytest
 
 from tests.conftest import guard_lines, run_snippet
-from vllm_capture_guard.runtime import hooks, plugin, switch
 from vllm_capture_guard.runtime import patches as patches_pkg
+from vllm_capture_guard.runtime import plugin, switch
 from vllm_capture_guard.runtime.patches import by_name, original_of
+from vllm_capture_guard.tools.revert import clear_hooks, revert
 
 LOAD_TWICE = """
 import json, sys
@@ -109,7 +110,7 @@ def fresh_plugin(monkeypatch, caplog):
     monkeypatch.setattr(plugin, "_logger", lambda: logging.getLogger("cg-test"))
     caplog.set_level(logging.INFO, logger="cg-test")
     yield caplog
-    hooks.clear()
+    clear_hooks()
 
 
 def test_four_threads_register_one_layer(fresh_plugin, unpatched):
@@ -133,7 +134,7 @@ def test_four_threads_register_one_layer(fresh_plugin, unpatched):
     assert original_of(wrapper) is capture
     infos = [r for r in fresh_plugin.records if "rocm-attn-cpu-offsets" in r.message]
     assert len(infos) == 1
-    assert by_name("rocm-attn-cpu-offsets").revert()
+    assert revert(by_name("rocm-attn-cpu-offsets"))
     assert cls.__dict__["build_for_cudagraph_capture"] is capture
 
 
@@ -187,7 +188,7 @@ def test_revert_stops_pending_hooks(fresh_plugin, unpatched):
     capture = RocmAttentionMetadataBuilder.__dict__["build_for_cudagraph_capture"]
     patch = by_name("rocm-attn-cpu-offsets")
     plugin.register()
-    assert patch.revert()
+    assert revert(patch)
     # a later import, or the capture entry, applies again: the patch stays out
     log = logging.getLogger("cg-test")
     plugin.apply_all(log)

@@ -99,18 +99,3 @@ def when_imported(name: str, hook: Hook, on_error: OnError) -> None:
                 _deferred.add(name)
             return
     _run(name, sys.modules[name], [(hook, on_error)])
-
-
-def pending() -> list[str]:
-    """The watched module names not imported yet."""
-    with _lock:
-        return sorted(_pending)
-
-
-def clear() -> None:
-    """Forget every pending hook and take the finder off ``sys.meta_path``."""
-    with _lock:
-        _pending.clear()
-        _deferred.clear()
-        if _finder in sys.meta_path:
-            sys.meta_path.remove(_finder)

@@ -29,6 +29,7 @@ from vllm_capture_guard.runtime.patches import (
 from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as guard
 from vllm_capture_guard.tools import harness
 from vllm_capture_guard.tools.contract import CPU
+from vllm_capture_guard.tools.revert import revert
 
 METHOD = "build_for_cudagraph_capture"
 PATCH = by_name("rocm-attn-cpu-offsets")
@@ -96,7 +97,7 @@ def test_every_builder_class_with_its_own_capture_is_guarded(rocm):
         assert is_guarded(cls.__dict__[METHOD]), cls
     assert host_writes(direct(vendor)) == [] and host_writes(direct(base)) == []
     assert PATCH.apply().status is Status.ALREADY
-    assert PATCH.revert()
+    assert revert(PATCH)
     assert not is_guarded(vendor.__dict__[METHOD]) and not is_guarded(
         base.__dict__[METHOD]
     )
@@ -338,7 +339,7 @@ def test_four_threads_install_one_wrapper(rocm):
     wrapper = base.__dict__[METHOD]
     assert original_of(wrapper) is capture
     assert wrapper.__vllm_capture_guard_original__ is capture  # one layer
-    assert PATCH.revert()
+    assert revert(PATCH)
     assert base.__dict__[METHOD] is capture
 
 

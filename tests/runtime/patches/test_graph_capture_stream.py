@@ -14,6 +14,7 @@ from tests.conftest import guard_lines, run_snippet
 from vllm_capture_guard.runtime.patches import MARKER, Status, by_name
 from vllm_capture_guard.runtime.patches import graph_capture_stream as mod
 from vllm_capture_guard.tools.guard import inspect
+from vllm_capture_guard.tools.revert import revert
 
 PATCH = by_name("graph-capture-stream")
 
@@ -76,7 +77,7 @@ def test_apply_is_idempotent_and_revert_restores(unpatched):
     assert all(getattr(f, MARKER) is before[k] for k, f in patched.items())
     assert PATCH.apply().status is Status.ALREADY
     assert _functions() == patched
-    assert PATCH.revert()
+    assert revert(PATCH)
     assert all(f is before[k] for k, f in _functions().items())
 
 

@@ -14,6 +14,7 @@ from tests.conftest import run_snippet
 from vllm_capture_guard.runtime.patches import Status, by_name
 from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as mod
 from vllm_capture_guard.tools import harness as sc
+from vllm_capture_guard.tools.revert import revert
 
 PATCH = by_name("rocm-aiter-unified-builder")
 CPU_PATCH = by_name("rocm-attn-cpu-offsets")
@@ -62,7 +63,7 @@ def test_revert_restores_vllm_builder_and_module(affected):
     PATCH.apply()
     assert backend.get_builder_cls() is not before
     assert aiter.RocmAiterUnifiedAttentionMetadataBuilder is backend.get_builder_cls()
-    assert PATCH.revert()
+    assert revert(PATCH)
     assert backend.get_builder_cls() is before
     assert set(vars(aiter)) == names
     assert mod.BUILDER not in vars(mod)
@@ -199,7 +200,7 @@ def test_a_vendor_subclass_of_the_backend_keeps_the_offsets(aiter):
     )
     assert _offsets_after_capture(vendor, batch) == batch.offsets()
     assert pickle.loads(pickle.dumps(own)) is own
-    assert PATCH.revert()
+    assert revert(PATCH)
     assert vendor.get_builder_cls() is RocmAttentionMetadataBuilder
 
 

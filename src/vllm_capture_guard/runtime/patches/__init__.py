@@ -65,19 +65,6 @@ def wrap_method(cls: type, name: str, make: Any) -> None:
     setattr(cls, name, wrapper)
 
 
-def unwrap_method(cls: type, name: str) -> bool:
-    """Undo :func:`wrap_method`; True if there was a wrapper to remove."""
-    current = cls.__dict__.get(name)
-    if current is None or not is_guarded(current):
-        return False
-    own = getattr(getattr(current, "__func__", current), MARKER)
-    if own is None:
-        delattr(cls, name)
-    else:
-        setattr(cls, name, own)
-    return True
-
-
 def subclasses(root: type) -> list[type]:
     """``root`` and every class derived from it, bases first; not ours."""
     order, todo = [], [root]
@@ -90,21 +77,18 @@ def subclasses(root: type) -> list[type]:
 
 
 class Patch:
-    """One upstream fix: ``plan`` (NEEDED, ALREADY or NOT_NEEDED), ``install``
-    and ``uninstall``."""
+    """One upstream fix: ``plan`` (NEEDED, ALREADY or NOT_NEEDED) and
+    ``install``; ``tools.revert`` undoes it."""
 
     name: ClassVar[str]  # log lines, status, VLLM_CAPTURE_GUARD_DISABLE
     pr: ClassVar[str]  # the upstream pull request, e.g. "#51585"
     modules: ClassVar[tuple[str, ...]]  # whose import applies it
-    reverted: bool = False  # set by revert(); apply() clears it
+    reverted: bool = False  # set by tools.revert; apply() clears it
 
     def plan(self, module: ModuleType) -> Outcome:
         raise NotImplementedError
 
     def install(self, plan: Outcome) -> str:
-        raise NotImplementedError
-
-    def uninstall(self) -> bool:
         raise NotImplementedError
 
     def decide(self) -> Outcome:
@@ -129,12 +113,6 @@ class Patch:
             if plan.status is not Status.NEEDED:
                 return plan
             return Outcome(self.name, Status.PATCHED, self.install(plan), plan.warning)
-
-    def revert(self) -> bool:
-        """Undo :meth:`apply` in this process (tests, tools)."""
-        with LOCK:
-            self.reverted = True
-            return self.uninstall()
 
 
 def _patches() -> tuple[Patch, ...]:

@@ -179,10 +179,3 @@ class GraphCaptureStream(base.Patch):
         if outcome.warning and outcome.status is base.Status.PATCHED:
             return dataclasses.replace(outcome, status=base.Status.INCOMPLETE)
         return outcome
-
-    def uninstall(self) -> bool:
-        found = [(c, n, c.__dict__[n]) for _, c, n in _loaded()]
-        for cls, name, fn in found:
-            if base.is_guarded(fn):
-                setattr(cls, name, getattr(fn, base.MARKER))
-        return any(base.is_guarded(fn) for _, _, fn in found)

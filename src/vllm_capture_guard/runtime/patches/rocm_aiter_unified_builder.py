@@ -25,7 +25,7 @@ BUILDER = "RocmAiterUnifiedAttentionMetadataBuilder"
 ROCM = ("vllm.v1.attention.backends.rocm_attn", "RocmAttentionMetadataBuilder")
 METHOD = "build_for_cudagraph_capture"
 GETTER = "get_builder_cls"
-_SAVED: dict = {}  # backend module -> what it bound as BUILDER before (or _SAVED)
+_SAVED: dict = {}  # backend module -> what it bound as BUILDER before, or None
 
 
 def _name(backend: type) -> str:
@@ -104,31 +104,10 @@ class RocmAiterUnifiedBuilder(base.Patch):
             globals()[name] = builder  # pickle finds it here, by name
             home = sys.modules[backend.__module__]
             if name == BUILDER:  # bound where 0.29.0 binds its own
-                _SAVED.setdefault(home.__name__, getattr(home, BUILDER, _SAVED))
+                _SAVED.setdefault(home.__name__, getattr(home, BUILDER, None))
                 setattr(home, BUILDER, builder)
             setattr(backend, GETTER, staticmethod(get_builder_cls))
         return (
             f"{plan.detail}: {GETTER} returns a builder with upstream's capture, "
             f"which keeps query_start_loc (backport of PR {self.pr})"
         )
-
-    def uninstall(self) -> bool:
-        undone = False
-        for backend in backends():
-            current = vars(backend).get(GETTER)
-            if not base.is_guarded(current):
-                continue
-            own = getattr(current.__func__, base.MARKER)
-            if own is None:
-                delattr(backend, GETTER)
-            else:
-                setattr(backend, GETTER, own)
-            name, home = _name(backend), sys.modules[backend.__module__]
-            before = _SAVED.pop(home.__name__, _SAVED) if name == BUILDER else None
-            if before is _SAVED:
-                delattr(home, BUILDER)  # 0.27/0.28 had none
-            elif before is not None:
-                setattr(home, BUILDER, before)  # vLLM's own (0.29.0 on)
-            globals().pop(name, None)
-            undone = True
-        return undone

@@ -278,9 +278,3 @@ class RocmAttnCpuOffsets(base.Patch):
         for cls in classes:
             guard_class(cls)
         return DETAIL
-
-    def uninstall(self) -> bool:
-        group = getattr(sys.modules.get(UTILS), GROUP, None)
-        done = isinstance(group, type) and base.unwrap_method(group, MAKE)
-        undone = [base.unwrap_method(c, METHOD) for c in reversed(builder_classes())]
-        return any(undone) or done
