@@ -59,6 +59,11 @@ def _put(owner: Any, name: str, own: Any) -> None:
 def _builder_guard() -> bool:
     group = getattr(sys.modules.get(rocm.UTILS), rocm.GROUP, None)
     done = isinstance(group, type) and unwrap_method(group, rocm.MAKE)
+    root = getattr(sys.modules.get(rocm.BASE), rocm.BUILDER, None)
+    watching = vars(root).get("__init_subclass__") if isinstance(root, type) else None
+    if base.is_guarded(watching):
+        _put(root, "__init_subclass__", getattr(watching.__func__, base.MARKER))
+        done = True
     classes = reversed(rocm.builder_classes())
     return any([unwrap_method(c, rocm.METHOD) for c in classes]) or done
 

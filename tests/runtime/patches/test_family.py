@@ -118,6 +118,16 @@ def test_a_class_made_after_the_last_check_is_guarded_when_vllm_makes_it(rocm):
     assert host_writes(builder) == []
 
 
+def test_a_class_made_after_the_last_check_and_built_directly_is_guarded(rocm):
+    """Made after every patch applied, built by hand (not by vLLM's
+    AttentionGroup), and captured: guarded as Python made the class."""
+    PATCH.apply()
+    base = rocm.RocmAttentionMetadataBuilder
+    later = type("DirectBuilder", (base,), {METHOD: zeroing(base.__dict__[METHOD])})
+    assert is_guarded(vars(later)[METHOD])
+    assert host_writes(direct(later)) == []
+
+
 def test_a_capture_put_back_after_the_builder_was_made_is_still_guarded(
     rocm, monkeypatch
 ):

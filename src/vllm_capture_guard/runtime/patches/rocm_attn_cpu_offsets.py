@@ -217,6 +217,26 @@ def guard_instance(builder: Any) -> None:
     builder.__dict__[METHOD] = build_for_cudagraph_capture
 
 
+def _watch(root: type) -> None:
+    """Every class derived from ``root`` later, with a capture of its own, is
+    guarded as Python makes it (so also one made late and built directly)."""
+    previous = vars(root).get("__init_subclass__")  # a classmethod, or None
+
+    def __init_subclass__(cls, **kwargs):
+        if previous is None:
+            super(root, cls).__init_subclass__(**kwargs)
+        else:
+            previous.__get__(None, cls)(**kwargs)
+        try:
+            if METHOD in vars(cls):
+                guard_class(cls)
+        except Exception as e:
+            _say(f"could not guard {cls.__name__} as it was made ({_short(e)})", True)
+
+    setattr(__init_subclass__, base.MARKER, previous)
+    root.__init_subclass__ = classmethod(__init_subclass__)
+
+
 def builder_classes() -> list[type]:
     """Every builder class (vLLM's base included) with a capture of its own."""
     root = getattr(sys.modules.get(BASE), BUILDER, None)
@@ -261,18 +281,26 @@ class RocmAttnCpuOffsets(base.Patch):
         make = vars(group).get(MAKE) if isinstance(group, type) else None
         classes = [c for c in builder_classes() if not base.is_guarded(vars(c)[METHOD])]
         todo = make is not None and not base.is_guarded(make)
+        root = getattr(sys.modules.get(BASE), BUILDER, None)
+        root = root if isinstance(root, type) else None
+        watch = root is not None and not base.is_guarded(
+            vars(root).get("__init_subclass__")
+        )
         warning = None
         if UTILS in sys.modules and make is None:
             warning = (
                 f"{UTILS} has no {GROUP}.{MAKE}: the builders vLLM makes are "
                 "guarded only by their classes'"
             )
-        status = base.Status.NEEDED if todo or classes else base.Status.ALREADY
-        data = (group if todo else None, classes)
+        needed = todo or classes or watch
+        status = base.Status.NEEDED if needed else base.Status.ALREADY
+        data = (group if todo else None, classes, root if watch else None)
         return base.Outcome(self.name, status, DETAIL, warning, data)
 
     def install(self, plan: base.Outcome) -> str:
-        group, classes = plan.data
+        group, classes, root = plan.data
+        if root is not None:
+            _watch(root)
         if group is not None:
             base.wrap_method(group, MAKE, _making)
         for cls in classes:
