@@ -48,6 +48,7 @@ class Case:
     device: bool = False  # device fields report a GPU (tests.fake_device)
     passes_unguarded: bool = False
     wrote: tuple[str, ...] = ("query_start_loc_cpu",)  # the fields the log names
+    metadata: str | None = None  # slotted metadata: "subclass" or "replaced"
 
 
 # --- the class text: the fixed capture, then one hazard ------------------------
@@ -207,6 +208,18 @@ CASES: dict[str, Case] = {
         "data-parallel rank's execute_dummy_batch",
         _nothing,
         between="execute_dummy_batch",
+    ),
+    "slotted-subclass": Case(
+        "a vendor runner makes its metadata as a @dataclass(slots=True) "
+        "subclass of vLLM's (an instance dict, empty: the fields are slots)",
+        AFFECTED,
+        metadata="subclass",
+    ),
+    "slotted-class": Case(
+        "a vendor declares CommonAttentionMetadata itself @dataclass(slots=True) "
+        "(no instance dict), as the runner module imports it by name",
+        AFFECTED,
+        metadata="replaced",
     ),
     "unrelated-builder": Case(
         "a builder class that is not derived from vLLM's ROCm builder, with the "
@@ -372,7 +385,51 @@ def _on_device(runner) -> None:  # noqa: ANN001
                 setattr(holder, name, value.as_subclass(DeviceTensor))
 
 
+#: What ``dataclass()`` makes, and ``copy``'s cache of slot names: left out
+#: when a class is declared again.
+MADE = frozenset({"__dict__", "__weakref__", "__init__", "__repr__", "__eq__",
+                  "__hash__", "__match_args__", "__dataclass_fields__",
+                  "__dataclass_params__", "__slotnames__"})  # fmt: skip
+
+
+def slotted_metadata(kind: str) -> Callable[[], None]:
+    """vLLM's ``CommonAttentionMetadata`` made slotted, where vLLM's attention
+    package and the runner module name it: a ``@dataclass(slots=True)``
+    subclass, or the class itself declared again from its own namespace with
+    ``slots=True``. Returns the undo."""
+    from vllm.v1.attention import backend
+    from vllm.v1.worker import gpu_model_runner
+
+    name = "CommonAttentionMetadata"
+    common = getattr(backend, name)
+    if kind == "subclass":
+        made = type(f"Vendor{name}", (common,), {"__module__": __name__})
+    else:  # its own namespace, less what dataclass() makes
+        made = type(name, (), {k: v for k, v in vars(common).items() if k not in MADE})
+    made = dataclasses.dataclass(slots=True)(made)
+    modules = [m for m in (backend, gpu_model_runner) if getattr(m, name) is common]
+    for module in modules:
+        setattr(module, name, made)
+
+    def undo() -> None:
+        for module in modules:
+            setattr(module, name, common)
+
+    return undo
+
+
 def run_case(case: str, log: _Lines) -> dict:
+    """One case on a runner of its own; slotted metadata only while it runs."""
+    kind = CASES[case].metadata
+    undo = slotted_metadata(kind) if kind else None
+    try:
+        return _run_case(case, log)
+    finally:
+        if undo is not None:
+            undo()
+
+
+def _run_case(case: str, log: _Lines) -> dict:
     from vllm.v1.attention.backends.registry import (
         AttentionBackendEnum,
         register_backend,

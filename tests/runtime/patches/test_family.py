@@ -272,6 +272,51 @@ def test_a_write_that_bypasses_torchs_version_counter_is_put_back():
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
 
 
+def _slotted(cls: type, batch: harness.Batch, **extra) -> object:  # noqa: ANN003
+    """vLLM's metadata for ``batch``, made as ``cls`` (same fields)."""
+    import dataclasses
+
+    made = harness.shared_metadata(batch)
+    values = {f.name: getattr(made, f.name) for f in dataclasses.fields(made)}
+    return cls(**{**values, **extra})
+
+
+def test_slotted_metadata_is_read_as_a_dataclass_is():
+    """``@dataclass(slots=True)``: a subclass of vLLM's class (which still has
+    an instance dict, empty: ``vars()`` sees none of its fields) and vLLM's
+    class declared slotted again (no instance dict). Both are guarded."""
+    import dataclasses
+
+    from vllm.v1.attention.backend import CommonAttentionMetadata as Common
+
+    sub = dataclasses.dataclass(slots=True)(type("SlottedSub", (Common,), {}))
+    names = {f.name: (f.type, f) for f in dataclasses.fields(Common)}
+    replaced = dataclasses.make_dataclass(
+        "CommonAttentionMetadata", [(n, t, f) for n, (t, f) in names.items()],
+        slots=True,
+    )  # fmt: skip
+
+    def capture(metadata):
+        metadata.query_start_loc_cpu.zero_()
+
+    for cls in (sub, replaced):
+        cm = _slotted(cls, harness.Batch(4))
+        assert not vars(cm) if cls is sub else not hasattr(cm, "__dict__")
+        assert "query_start_loc_cpu" in guard.fields_of(cm)
+        guard.guarded_call(capture, cls.__name__, cm)
+        assert cm.query_start_loc_cpu.tolist() == harness.Batch(4).offsets(), cls
+
+
+def test_no_property_is_read():
+    """``seq_lens_cpu`` is a property that fills ``_seq_lens_cpu`` with a
+    blocking device-to-host copy: the guard reads fields, never it."""
+    shared = harness.shared_metadata(harness.Batch(4))
+    shared.__dict__["_seq_lens_cpu"] = None
+    shared.__dict__["_num_computed_tokens_cpu"] = None
+    guard.guarded_call(lambda m: None, "Lazy", shared)
+    assert shared._seq_lens_cpu is None and shared._num_computed_tokens_cpu is None
+
+
 def test_containers_are_put_back():
     shared = harness.shared_metadata(harness.Batch(2))
     shared.__dict__["vendor_ranges"] = {0: [(0, 1)]}
@@ -373,12 +418,13 @@ def test_per_patch_switch_leaves_that_patch_out(rocm, monkeypatch):
 
 
 def test_a_metadata_it_cannot_read_runs_vllms_own_call_with_one_warning(caplog):
-    class Unreadable:  # no __dict__: its fields cannot be listed
-        __slots__ = ("query_start_loc", "query_start_loc_cpu")
+    class Unreadable:  # neither an instance dict nor slots: no fields to read
+        __slots__ = ()
+        query_start_loc = property(lambda self: offsets)
+        query_start_loc_cpu = property(lambda self: offsets_cpu)
 
+    offsets, offsets_cpu = torch.arange(3), torch.arange(3)
     cm = Unreadable()
-    cm.query_start_loc = torch.arange(3)
-    cm.query_start_loc_cpu = torch.arange(3)
 
     def zeroes(metadata):
         metadata.query_start_loc_cpu.zero_()
@@ -390,7 +436,7 @@ def test_a_metadata_it_cannot_read_runs_vllms_own_call_with_one_warning(caplog):
         assert guard.guarded_call(zeroes, "Unreadable", cm) == "built"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "ran unguarded" in warnings[0], warnings  # once
-    assert cm.query_start_loc.eq(0).all()
+    assert offsets.eq(0).all()
 
 
 def test_memory_that_moved_is_never_written_and_the_others_are_put_back(caplog):
@@ -436,3 +482,75 @@ def test_a_failure_after_the_capture_never_reaches_vllm(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
         assert guard.guarded_call(lambda m: "built", "Broken", shared) == "built"
     assert any("could not put back" in r.getMessage() for r in caplog.records)
+
+
+def _waiting(monkeypatch, wait) -> list:  # noqa: ANN001
+    """``save`` as it is, but saying there is device work to wait for (as on
+    a GPU with pinned host values); ``wait_for`` replaced by ``wait``."""
+    save, order = guard.save, []
+
+    def waiting_save(metadata):  # noqa: ANN001, ANN202
+        saved, failed, _, size = save(metadata)
+        return saved, failed, "cuda:0", size
+
+    monkeypatch.setattr(guard, "save", waiting_save)
+    monkeypatch.setattr(guard, "wait_for", lambda device: wait(device, order))
+    return order
+
+
+def test_the_host_values_are_told_after_the_wait(monkeypatch):
+    """Order only (the GPU tier shows the copies themselves): what lands in a
+    host value while the guard waits, as a device-to-host copy does, is told
+    and put back."""
+    shared = harness.shared_metadata(harness.Batch(4))
+
+    def late_copy(device, order):  # noqa: ANN001, ANN202
+        order.append(device)
+        shared.query_start_loc_cpu.zero_()
+
+    order = _waiting(monkeypatch, late_copy)
+    guard.guarded_call(lambda m: None, "LateCopy", shared)
+    assert order == ["cuda:0"]
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
+    assert guard.SEEN["LateCopy"]["wrote"] == {"query_start_loc_cpu": 4}
+
+
+def test_a_device_error_at_the_wait_reaches_vllm(monkeypatch):
+    """The capture's kernels' asynchronous fault surfaces at the wait: it goes
+    on to vLLM as it would have at vLLM's next synchronisation."""
+
+    def fault(device, order):  # noqa: ANN001, ANN202
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    _waiting(monkeypatch, fault)
+    shared = harness.shared_metadata(harness.Batch(2))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        guard.guarded_call(lambda m: "built", "Faults", shared)
+
+
+def test_a_capture_that_raises_keeps_its_own_error(monkeypatch):
+    def fault(device, order):  # noqa: ANN001, ANN202
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    _waiting(monkeypatch, fault)
+    shared = harness.shared_metadata(harness.Batch(2))
+
+    def capture(metadata):  # noqa: ANN001, ANN202
+        metadata.query_start_loc_cpu.zero_()
+        raise ValueError("the capture's own")
+
+    with pytest.raises(ValueError, match="the capture's own"):
+        guard.guarded_call(capture, "RaisesToo", shared)
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
+
+
+def test_no_wait_where_nothing_is_on_a_gpu(monkeypatch):
+    """All on the CPU (or a device that only reports a GPU): no stream to
+    wait for, and CUDA is never asked."""
+    monkeypatch.setattr(guard, "wait_for", lambda device: 1 / 0)
+    shared = harness.shared_metadata(harness.Batch(2))
+    assert guard.save(shared)[2] is None
+    shared.query_start_loc = shared.query_start_loc.as_subclass(DeviceTensor)
+    assert guard.save(shared)[2] is None
+    guard.guarded_call(lambda m: None, "NoWait", shared)
+    assert not torch.cuda.is_initialized()

@@ -21,6 +21,8 @@ import functools
 import logging
 import sys
 import threading
+import time
+import types
 from types import ModuleType
 from typing import Any
 
@@ -42,6 +44,19 @@ _PLAIN = frozenset({type(None), bool, int, float, str})
 _log = logging.getLogger("vllm.capture_guard")
 _state = threading.local()  # .active: ids of the metadata guarded in this thread
 _said: set[str] = set()
+#: The guard's own time in seconds, over every guarded capture.
+PHASES = ("save", "wait", "compare", "put_back")
+COST: dict[str, float] = dict.fromkeys(("calls", *PHASES), 0)
+CAPTURING = "inside a stream capture"  # save()'s wait: nothing has run yet
+#: Said once per builder class whose capture runs inside a stream capture.
+CAPTURED = (
+    "{}'s capture ran inside an active stream capture (a CUDA or HIP graph "
+    "being recorded), where nothing it queues runs before replay: its host "
+    "writes were put back at once, so the graph's copies from them read the "
+    "kept values, as under 0.29.0's capture, which writes none; a copy it "
+    "captured into host memory writes there at every replay, unseen by the "
+    "guard (no vLLM caller from 0.27.1 to 0.33.0 does this)"
+)
 
 
 @functools.cache
@@ -56,12 +71,45 @@ def is_host_field(name: str) -> bool:
     )
 
 
-def save(metadata: Any) -> tuple[list, list[str]]:
-    """``([(field, value, copy, pointer)], [fields that could not be saved])``
-    for each host value of ``metadata``, once per value, and inside its dicts,
-    lists and tuples; a dense host tensor's copy is its bytes."""
-    fields, torch = vars(metadata), sys.modules.get("torch")
-    on_device = getattr(fields.get("query_start_loc"), "is_cpu", True) is False
+@functools.cache
+def _slots(cls: type) -> tuple:
+    """``(name, descriptor)`` of every slot of ``cls`` and its bases."""
+    return tuple((name, d) for c in reversed(cls.__mro__) for name, d in vars(c).items()
+                 if type(d) is types.MemberDescriptorType)  # fmt: skip
+
+
+def fields_of(metadata: Any) -> dict[str, Any]:
+    """What ``metadata`` holds, as a dataclass holds it: its instance dict and
+    its slots across the class hierarchy (``@dataclass(slots=True)``, of the
+    class or of a subclass); no property is ever read."""
+    own, slots = getattr(metadata, "__dict__", None), _slots(type(metadata))
+    if not slots and isinstance(own, dict):
+        return own
+    if not slots:
+        raise TypeError(f"{type(metadata).__name__} has neither fields nor slots")
+    fields = dict(own) if isinstance(own, dict) else {}
+    for name, slot in slots:
+        try:  # noqa: SIM105 (a context manager per slot costs more)
+            fields[name] = slot.__get__(metadata)
+        except AttributeError:  # a slot never set
+            pass
+    return fields
+
+
+def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
+    """``([(field, value, copy, pointer)], [fields that could not be saved],
+    what to wait for, size)`` for each host value of ``metadata``, once per
+    value, and inside its dicts, lists and tuples; a dense host tensor's copy
+    is its bytes. What to wait for: the device whose current stream may still
+    copy to or from pinned host values, ``CAPTURING`` inside a stream capture,
+    or None."""
+    fields, torch = fields_of(metadata), sys.modules.get("torch")
+    device = getattr(fields.get("query_start_loc"), "device", None)
+    on_device = getattr(device, "type", "cpu") != "cpu"
+    wait = None
+    if on_device and device.type == "cuda" and torch.cuda.is_initialized():
+        wait = CAPTURING if torch.cuda.is_current_stream_capturing() else device
+    pinned = wait is CAPTURING
     saved, failed, seen = [], [], set()
     todo = list(fields.items())  # grows by what dicts, lists and tuples hold
     top, tensor = len(todo), torch.Tensor if torch is not None else ()
@@ -73,6 +121,7 @@ def save(metadata: Any) -> tuple[list, list[str]]:
             if isinstance(value, tensor):
                 if value.is_cpu and (on_device or i >= top or is_host_field(name)):
                     saved.append((name, value, *_copy(value, torch)))
+                    pinned = pinned or (wait is not None and value.is_pinned())
             elif isinstance(value, (dict, list, tuple)):
                 items = value.items() if isinstance(value, dict) else enumerate(value)
                 todo += [(f"{name}[{k!r}]", v) for k, v in items]
@@ -80,9 +129,18 @@ def save(metadata: Any) -> tuple[list, list[str]]:
                     saved.append((name, value, copy.copy(value), None))
             elif hasattr(value, "__array__") and hasattr(value, "copy"):  # numpy
                 saved.append((name, value, value.copy(), None))
+                pinned = pinned or (wait is not None and _pinned_array(value, torch))
         except Exception as e:  # that value alone goes unsaved
             failed.append(f"{name} ({_short(e)})")
-    return saved, failed
+    return saved, failed, wait if pinned else None, fields.get("num_actual_tokens")
+
+
+def _pinned_array(a: Any, torch: Any) -> bool:
+    """Is this array's memory pinned? True where torch cannot tell."""
+    try:
+        return not a.flags.writeable or torch.from_numpy(a).is_pinned()
+    except Exception:
+        return True
 
 
 def _copy(t: Any, torch: Any) -> tuple[Any, int | None]:
@@ -92,6 +150,18 @@ def _copy(t: Any, torch: Any) -> tuple[Any, int | None]:
     if dense and t.is_contiguous() and (ptr := t.data_ptr()):
         return ctypes.string_at(ptr, t.nbytes), ptr
     return t.clone(), None
+
+
+def wait_for(device: Any) -> None:
+    """Until the work queued so far on ``device``'s current stream is done:
+    one event, never the whole device. A device error raised here is the
+    capture's own asynchronous fault."""
+    torch = sys.modules["torch"]
+    events = _state.__dict__.setdefault("events", {})
+    if (event := events.get(device)) is None:
+        event = events[device] = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    event.synchronize()
 
 
 def _same(a: Any, b: Any, ptr: int | None) -> bool:
@@ -112,17 +182,23 @@ def _kept(x: Any, y: Any) -> bool:
     return x is y or (type(x) in _PLAIN and type(x) is type(y) and x == y)
 
 
-def put_back(saved: list) -> tuple[list[str], list[str]]:
-    """Put back each saved value changed in place: ``(the fields changed, the
-    fields that could not be told or put back)``."""
-    changed, failed = [], []
-    for name, value, before, ptr in saved:  # all told first: values share memory
+def changed(saved: list) -> tuple[list, list[str]]:
+    """The saved values changed in place, and the fields that could not be
+    told (all told before any is put back: values share memory)."""
+    out, failed = [], []
+    for entry in saved:
         try:
-            if not _same(value, before, ptr):
-                changed.append((name, value, before, ptr))
+            if not _same(entry[1], entry[2], entry[3]):
+                out.append(entry)
         except Exception as e:
-            failed.append(f"{name} ({_short(e)})")
-    for name, value, before, ptr in changed:
+            failed.append(f"{entry[0]} ({_short(e)})")
+    return out, failed
+
+
+def put_back(changes: list) -> list[str]:
+    """Put back each changed value in place: the fields that could not be."""
+    failed = []
+    for name, value, before, ptr in changes:
         try:
             if ptr is not None:
                 ctypes.memmove(ptr, before, len(before))
@@ -133,7 +209,7 @@ def put_back(saved: list) -> tuple[list[str], list[str]]:
                 value[slice(None) if isinstance(value, list) else ...] = before
         except Exception as e:
             failed.append(f"{name} ({_short(e)})")
-    return [name for name, *_ in changed], failed
+    return failed
 
 
 def _short(e: BaseException) -> str:
@@ -149,12 +225,15 @@ def _say(message: str, warning: bool = False) -> None:
     (_log.warning if warning else _log.info)(f"vllm-capture-guard: {message}")
 
 
-def _note(owner: str, wrote: list[str], size: Any) -> None:
+def _note(owner: str, wrote: list[str], size: Any, spent: tuple) -> None:
     with base.LOCK:
         seen = SEEN.setdefault(owner, {"calls": 0, "wrote": {}})
         seen["calls"] += 1
         new = [n for n in wrote if n not in seen["wrote"]]
         seen["wrote"].update(dict.fromkeys(new, size))
+        COST["calls"] += 1
+        for phase, seconds in zip(PHASES, spent, strict=True):
+            COST[phase] += seconds
     if new:
         _say(f"{owner}'s capture wrote {', '.join(new)} (size {size}); kept from "
              f"the other builders (backport of PR {PR})")  # fmt: skip
@@ -163,29 +242,54 @@ def _note(owner: str, wrote: list[str], size: Any) -> None:
 
 
 def guarded_call(capture: Any, owner: str, metadata: Any, *args: Any, **kw: Any) -> Any:
-    """``capture(metadata, ...)``, then put back what it changed in place."""
+    """``capture(metadata, ...)``; then, once the device work it queued is
+    done, put back what it changed in place."""
     active = _state.__dict__.setdefault("active", set())
     if id(metadata) in active:  # nested on the same metadata: the outer puts back
         return capture(metadata, *args, **kw)
+    t0 = time.perf_counter()
     try:
-        saved, failed = save(metadata)
+        saved, failed, wait, size = save(metadata)
     except Exception as e:  # never stop vLLM: its own call, unguarded
         why = f"could not read the metadata for {owner}'s capture ({_short(e)})"
         _say(f"{why}; it ran unguarded, and may change what other builders read", True)
         return capture(metadata, *args, **kw)
     active.add(id(metadata))
+    raised, saving = True, time.perf_counter() - t0
     try:
-        return capture(metadata, *args, **kw)
+        result = capture(metadata, *args, **kw)
+        raised = False
+        return result
     finally:
         active.discard(id(metadata))
+        _settle(owner, saved, failed, wait, size, raised, saving)
+
+
+def _settle(owner: str, saved: list, failed: list, wait: Any, size: Any,
+            raised: bool, saving: float) -> None:  # fmt: skip
+    """After the capture: wait for its device work, then tell and put back."""
+    clock = time.perf_counter
+    t0 = clock()
+    if wait is CAPTURING:
+        _say(CAPTURED.format(owner), True)
+    elif wait is not None:
         try:
-            wrote, lost = put_back(saved)
-            _note(owner, wrote, getattr(metadata, "num_actual_tokens", "?"))
-            if lost := failed + lost:
-                _say(f"{owner}'s capture: could not keep {', '.join(lost)} from the "
-                     "other builders", True)  # fmt: skip
-        except Exception as e:
-            _say(f"could not put back what {owner}'s capture wrote ({_short(e)})", True)
+            wait_for(wait)
+        except Exception:
+            if not raised:  # the capture's own asynchronous fault: it goes on
+                raise
+    t1 = clock()
+    try:
+        changes, lost = changed(saved)
+        t2 = clock()
+        lost += put_back(changes)
+        spent = (saving, t1 - t0, t2 - t1, clock() - t2)
+        _note(owner, [name for name, *_ in changes], size, spent)
+        if lost := failed + lost:
+            _say(f"{owner}'s capture: could not keep {', '.join(lost)} from the "
+                 "other builders", True)  # fmt: skip
+    except Exception as e:
+        _say(f"could not put back what {owner}'s capture wrote ({_short(e)})", True)
 
 
 def guard_class(cls: type) -> None:
