@@ -98,9 +98,91 @@ def render(data: dict) -> str:
             f"| {all(s['within_tolerance'] for s in steps)} "
             f"| {not c['control_within_tolerance']} |"
         )
+    lines += _cost(data.get("cost"))
+    lines += _async_copies(data.get("async_copies"))
     lines += _host_by_device(data.get("host_by_device"))
     lines += _capture_stream(data.get("capture_stream"))
     return "\n".join(lines) + "\n"
+
+
+def _cost(found: dict | None) -> list[str]:
+    """The guard's own time, as it accounts it (tests/gpu/test_guard_cost.py)."""
+    if not found or "start_up" not in found:
+        return []
+    run, lines = found["start_up"], ["", "## The guard's cost", ""]
+    lines += [
+        f"guard cost: {run['ms']:.2f} ms over {run['calls']} guarded captures; "
+        f"waiting {run['wait']:.2f} ms; this run's captures {run['captures_s']:.2f} s",
+        "",
+        f"- where it goes: saving {run['save']:.2f} ms, waiting {run['wait']:.2f} ms, "
+        f"comparing {run['compare']:.2f} ms, putting back {run['put_back']:.2f} ms; "
+        f"{run['sizes']} FULL capture sizes x ({', '.join(run['backends'])}, each "
+        "then MiniMax-M3's indexer); goal: at most 8 ms",
+    ]
+    dummy = found.get("dummy_batch")
+    if dummy:
+        lines.append(
+            f"- one serving-time dummy batch behind a forward pass in flight: "
+            f"{dummy['ms'] * 1e3:.0f} µs over {dummy['calls']} guarded captures, "
+            f"waiting {dummy['wait'] * 1e3:.0f} µs of it (the forward in flight ran "
+            f"{dummy['forward_ms']:.1f} ms; the stream runs the capture's copies "
+            "after it)"
+        )
+    return lines
+
+
+def _outcome(o: dict) -> str:
+    return f"device {o['device']}, host {o['host']}"
+
+
+def _async_copies(found: dict | None) -> list[str]:
+    """Asynchronous copies through pinned host offsets (tests/gpu/async_copies.py)."""
+    if not found:
+        return []
+    lines = [
+        "",
+        "## Asynchronous copies",
+        "",
+        "A builder derived from vLLM's `AttentionMetadataBuilder` moves the",
+        "offsets between pinned host memory and the device with",
+        "`non_blocking=True` behind a busy stream; each row: the offsets once",
+        "the GPU is done, without and with the guard (the batch's offsets are",
+        "0..8).",
+        "",
+        "| case | without the guard | with the guard |",
+        "|---|---|---|",
+    ]
+    rows = [("host to device", found.get("host_to_device")),
+            ("device to host", found.get("device_to_host"))]  # fmt: skip
+    side = found.get("side_streams") or {}
+    rows += [
+        ("side stream, joined to the current one", side.get("joined")),
+        ("side stream left running, to the device (not covered)",
+         side.get("left_running_to_device")),
+        ("side stream left running, to the host (not covered; logged as no write)",
+         side.get("left_running_to_host")),
+    ]  # fmt: skip
+    for name, pair in rows:
+        if pair:
+            lines.append(
+                f"| {name} | {_outcome(pair['unguarded'])} "
+                f"| {_outcome(pair['guarded'])} |"
+            )
+    graph = found.get("inside_graph")
+    if graph:
+        lines += [
+            "",
+            "Inside an active CUDA graph capture (replayed once, buffers not",
+            "refilled): without the guard the replay gives "
+            f"{_outcome(graph['unguarded_replay'])}; with it "
+            f"{_outcome(graph['guarded_replay'])}, as the same capture without "
+            f"the host write ({_outcome(graph['fixed_shape_replay'])}); a captured "
+            f"copy into the host offsets gives {_outcome(graph['to_host_replay'])} "
+            "at replay, as the guard's WARNING says:",
+            "",
+            f"> {graph['warning']}",
+        ]
+    return lines
 
 
 def _host_by_device(found: dict | None) -> list[str]:

@@ -27,7 +27,7 @@ source "$root/.buildkite/scripts/image.env"
 version=${VLLM_VERSION:-0.28.0}
 commands="VLLM_VERSION=$version bash scripts/rocm-ci-env.sh"
 commands+=" && CAPTURE_GUARD_REQUIRE_GPUS=$tp python3 -m pytest -v -s -m rocm"
-commands+=" -k tp$tp tests/rocm/test_engine_startup.py"
+commands+=" -k tp$tp tests/rocm/test_engine_startup.py tests/rocm/test_async_copies.py"
 visible=()
 [[ -n "${HIP_VISIBLE_DEVICES:-}" ]] && visible=(-e "HIP_VISIBLE_DEVICES=$HIP_VISIBLE_DEVICES")
 run=(docker run --rm

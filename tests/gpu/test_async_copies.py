@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The guard on the GPU's asynchronous copies (:mod:`tests.gpu.async_copies`):
+copies between pinned host offsets and the device with ``non_blocking=True``
+behind a busy stream, copies on a side stream, and a capture run inside an
+active CUDA graph capture, replayed.
+
+Asserted, against the same capture run without the guard: the device
+receives what it receives without the guard, the host offsets are kept,
+and the log names what the capture wrote; where the guard's event on the
+current stream stops covering (a side stream left running), what happens
+and what the log says; inside a graph capture, the graph stays valid and
+its replay reads the kept host values, as 0.29.0's capture would. Taking
+the guard's wait out fails the first three cases.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.gpu import async_copies
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="GPU tier: torch.cuda.is_available() is False (no CUDA/ROCm GPU)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def guarded(gpu_results):
+    with async_copies.guard_loaded():
+        yield gpu_results.setdefault("async_copies", {})
+
+
+@pytest.mark.parametrize("case", list(async_copies.CHECKS))
+def test_async_copies(case, guarded):
+    async_copies.CHECKS[case](guarded)
