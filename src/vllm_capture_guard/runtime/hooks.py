@@ -1,10 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Post-import hooks, as ``wrapt.when_imported`` without wrapt: a finder first
-on ``sys.meta_path`` answers only for watched names; it lets the others find
-the module and wraps that loader's ``exec_module`` (an instance attribute,
-removed at once), so hooks run right after the module body. A hook runs once
-and never breaks the import; one asked for mid-import runs at the next import
-after that module is complete."""
+on ``sys.meta_path`` wraps a watched module's loader for one call, so hooks
+run right after the module body, once, never breaking the import; one asked
+for mid-import runs at the next import after that module is complete."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """vLLM general plugin (group ``vllm.general_plugins``): vLLM calls
-:func:`register` in every process it starts. It reads the switches and sets
-post-import hooks, and imports no attention module and initialises no
-CUDA/HIP. Each patch applies when vLLM imports a module it changes, and all
-again right before vLLM makes its metadata builders. What a patch did is
-logged once, and again when it changes; a WARNING is never dropped. Nothing
-here ever raises into vLLM."""
+:func:`register` in every process. It reads the switches and sets post-import
+hooks (no attention module imported, no CUDA/HIP initialised); each patch
+applies when vLLM imports what it changes, and all again before vLLM makes
+its builders. Logged once per change; nothing here raises into vLLM."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Backports of upstream vLLM fixes, one module per fix. A :class:`Patch`
-imports no vLLM module and runs none of vLLM's code to learn what it does: it
-looks at what vLLM imported (``plan``) and installs its fix there. ``apply``
-is idempotent and thread-safe (one lock); wrappers never stack."""
+imports no vLLM module and runs none of vLLM's code: it looks at what vLLM
+imported (``plan``) and installs its fix there, idempotently, under one lock."""
 
 from __future__ import annotations
 

@@ -3,15 +3,12 @@
 delete when 0.29.0 is the oldest supported).
 
 Symptom: full-graph capture dies at start-up, e.g. AITER's ``splitk workspace
-not initialized for the current CUDA stream`` (Kimi-K3, TP8, MI355X). Cause:
-three sites call ``torch.cuda.graph(...)`` with no stream, so torch captures
-on a side stream of its own. How: each site's class gets a copy of the
-function (same code, defaults, closure, decorators) whose globals read its
-module live, except that ``torch``, ``torch.cuda`` and ``torch.cuda.graph``,
-under any name, read as stand-ins that give ``torch.cuda.graph`` vLLM's
-``current_stream()`` where the stream is None. torch itself is never changed.
-The source is read only to say what the stand-ins cannot reach (status
-``incomplete``, with a WARNING), never to leave a site unpatched."""
+not initialized for the current CUDA stream``. Cause: three sites call
+``torch.cuda.graph(...)`` with no stream, so torch captures on a side stream.
+How: each site gets a copy of its function whose globals read ``torch``,
+``torch.cuda`` and ``torch.cuda.graph`` (under any name) as stand-ins that
+pass vLLM's ``current_stream()`` where the stream is None; torch is never
+changed. Its source is read only to say what the copy cannot reach."""
 
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ import inspect
 import sys
 import textwrap
 import types
-from types import ModuleType
 from typing import Any
 
 from vllm_capture_guard.runtime import patches as base
@@ -145,7 +141,7 @@ class GraphCaptureStream(base.Patch):
     name, pr = "graph-capture-stream", "#53818"
     modules = tuple(dict.fromkeys(m for m, _, _ in SITES))
 
-    def plan(self, module: ModuleType) -> base.Outcome:
+    def plan(self, module: types.ModuleType) -> base.Outcome:
         todo, done, gaps = [], [], []
         for where, cls, name in _loaded():
             fn = cls.__dict__[name]

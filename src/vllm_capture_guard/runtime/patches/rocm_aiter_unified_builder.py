@@ -3,14 +3,13 @@
 the query offsets alone (backport of PR #53821, in 0.29.0; delete when 0.29.0
 is the oldest supported).
 
-Symptom: its graphs replay on zeroed query offsets. Cause: on 0.27/0.28 the
-backend returns ``RocmAttentionMetadataBuilder``, whose capture zeroes the
-device ``query_start_loc`` (vLLM #25985), which the AITER kernel reads at
-replay. How: ``get_builder_cls()`` of the backend, and
-of every subclass with its own, returns a subclass of what it returned before
-whose capture is upstream's (``self.build(0, ...)``, returned ``seq_lens`` set
-to 1, nothing else written), on every release; bound in the backend's module
-under upstream's name. Replacing a vendor's capture is said in a WARNING."""
+Symptom: its graphs replay on zeroed query offsets. Cause: on 0.27/0.28 it
+uses ``RocmAttentionMetadataBuilder``, whose capture zeroes the device
+``query_start_loc`` the AITER kernel reads at replay. How: its
+``get_builder_cls()``, and each subclass's own, returns a subclass of what it
+returned before with upstream's capture (``self.build(0, ...)``, ``seq_lens``
+set to 1), bound under upstream's name; a vendor's capture replaced gets a
+WARNING."""
 
 from __future__ import annotations
 

@@ -4,14 +4,11 @@
 
 Symptom: MiniMax-M3 with ``ROCM_ATTN`` or ``ROCM_AITER_UNIFIED_ATTN`` dies at
 start-up in ``indexer.py``: ``assert decode_query_len > 0``. Cause: every
-builder gets the same metadata, and the ROCm capture zeroes the host
-``query_start_loc_cpu`` as well as the device offsets (vLLM #25985).
-How: every ``build_for_cudagraph_capture`` runs guarded: on each builder that
-``AttentionGroup.create_metadata_builders`` makes, and on every builder class
-with its own. The host values (every CPU tensor where the device fields are on
-an accelerator, by name where all is on the CPU; arrays, dicts and lists) are
-saved before it; what it changed in place is put back after it, and said once.
-Device writes, rebinds and lazily filled caches stay, as without the guard."""
+builder gets the same metadata; the ROCm capture zeroes the host
+``query_start_loc_cpu`` with the device offsets (vLLM #25985). How: every
+``build_for_cudagraph_capture`` runs guarded (each builder vLLM makes, each
+builder class with its own): its host values are saved before it, and what it
+changed in place is put back once its device work is done; said once."""
 
 from __future__ import annotations
 
@@ -23,7 +20,6 @@ import sys
 import threading
 import time
 import types
-from types import ModuleType
 from typing import Any
 
 from vllm_capture_guard.runtime import patches as base
@@ -50,12 +46,11 @@ COST: dict[str, float] = dict.fromkeys(("calls", *PHASES), 0)
 CAPTURING = "inside a stream capture"  # save()'s wait: nothing has run yet
 #: Said once per builder class whose capture runs inside a stream capture.
 CAPTURED = (
-    "{}'s capture ran inside an active stream capture (a CUDA or HIP graph "
-    "being recorded), where nothing it queues runs before replay: its host "
-    "writes were put back at once, so the graph's copies from them read the "
-    "kept values, as under 0.29.0's capture, which writes none; a copy it "
-    "captured into host memory writes there at every replay, unseen by the "
-    "guard (no vLLM caller from 0.27.1 to 0.33.0 does this)"
+    "{}'s capture ran inside an active stream capture (a CUDA or HIP graph being "
+    "recorded): its host writes were put back at once, so the graph's copies from "
+    "them read the kept values at replay, as under 0.29.0's capture, which writes "
+    "none; a copy it captured into host memory writes there at every replay, "
+    "unseen by the guard (no vLLM caller from 0.27.1 to 0.33.0 does this)"
 )
 
 
@@ -71,17 +66,15 @@ def is_host_field(name: str) -> bool:
     )
 
 
-@functools.cache
+@functools.cache  # (name, descriptor) of each slot of cls and its bases
 def _slots(cls: type) -> tuple:
-    """``(name, descriptor)`` of every slot of ``cls`` and its bases."""
     return tuple((name, d) for c in reversed(cls.__mro__) for name, d in vars(c).items()
                  if type(d) is types.MemberDescriptorType)  # fmt: skip
 
 
 def fields_of(metadata: Any) -> dict[str, Any]:
     """What ``metadata`` holds, as a dataclass holds it: its instance dict and
-    its slots across the class hierarchy (``@dataclass(slots=True)``, of the
-    class or of a subclass); no property is ever read."""
+    its slots across the class hierarchy; no property is ever read."""
     own, slots = getattr(metadata, "__dict__", None), _slots(type(metadata))
     if not slots and isinstance(own, dict):
         return own
@@ -97,12 +90,10 @@ def fields_of(metadata: Any) -> dict[str, Any]:
 
 
 def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
-    """``([(field, value, copy, pointer)], [fields that could not be saved],
-    what to wait for, size)`` for each host value of ``metadata``, once per
-    value, and inside its dicts, lists and tuples; a dense host tensor's copy
-    is its bytes. What to wait for: the device whose current stream may still
-    copy to or from pinned host values, ``CAPTURING`` inside a stream capture,
-    or None."""
+    """``([(field, value, copy, pointer)], [fields not saved], wait, size)``
+    for each host value, also in dicts, lists and tuples (a dense tensor's copy
+    is its bytes); wait: the device whose stream may still copy to or from a
+    pinned one, ``CAPTURING``, or None."""
     fields, torch = fields_of(metadata), sys.modules.get("torch")
     device = getattr(fields.get("query_start_loc"), "device", None)
     on_device = getattr(device, "type", "cpu") != "cpu"
@@ -156,10 +147,8 @@ def wait_for(device: Any) -> None:
     """Until the work queued so far on ``device``'s current stream is done:
     one event, never the whole device. A device error raised here is the
     capture's own asynchronous fault."""
-    torch = sys.modules["torch"]
-    events = _state.__dict__.setdefault("events", {})
-    if (event := events.get(device)) is None:
-        event = events[device] = torch.cuda.Event()
+    torch, events = sys.modules["torch"], _state.__dict__.setdefault("events", {})
+    event = events.get(device) or events.setdefault(device, torch.cuda.Event())
     event.record(torch.cuda.current_stream(device))
     event.synchronize()
 
@@ -183,10 +172,9 @@ def _kept(x: Any, y: Any) -> bool:
 
 
 def changed(saved: list) -> tuple[list, list[str]]:
-    """The saved values changed in place, and the fields that could not be
-    told (all told before any is put back: values share memory)."""
+    """The values changed in place, and the fields that could not be told."""
     out, failed = [], []
-    for entry in saved:
+    for entry in saved:  # all told before any is put back: values share memory
         try:
             if not _same(entry[1], entry[2], entry[3]):
                 out.append(entry)
@@ -311,11 +299,9 @@ def guard_instance(builder: Any) -> None:
     if base.is_guarded(own):
         return
 
-    def build_for_cudagraph_capture(common_attn_metadata, *args, **kwargs):
+    def build_for_cudagraph_capture(common_attn_metadata, *args, **kw):
         capture = own or getattr(cls, METHOD).__get__(builder, cls)
-        return guarded_call(
-            capture, cls.__name__, common_attn_metadata, *args, **kwargs
-        )
+        return guarded_call(capture, cls.__name__, common_attn_metadata, *args, **kw)
 
     setattr(build_for_cudagraph_capture, base.MARKER, own)
     builder.__dict__[METHOD] = build_for_cudagraph_capture
@@ -380,7 +366,7 @@ class RocmAttnCpuOffsets(base.Patch):
     name, pr = "rocm-attn-cpu-offsets", PR
     modules = (UTILS, BASE, *(f"vllm.v1.attention.backends.{m}" for m in BACKENDS))
 
-    def plan(self, module: ModuleType) -> base.Outcome:
+    def plan(self, module: types.ModuleType) -> base.Outcome:
         group = getattr(sys.modules.get(UTILS), GROUP, None)
         make = vars(group).get(MAKE) if isinstance(group, type) else None
         classes = [c for c in builder_classes() if not base.is_guarded(vars(c)[METHOD])]
@@ -390,12 +376,10 @@ class RocmAttnCpuOffsets(base.Patch):
         watch = root is not None and not base.is_guarded(
             vars(root).get("__init_subclass__")
         )
-        warning = None
-        if UTILS in sys.modules and make is None:
-            warning = (
-                f"{UTILS} has no {GROUP}.{MAKE}: the builders vLLM makes are "
-                "guarded only by their classes'"
-            )
+        warning = (
+            f"{UTILS} has no {GROUP}.{MAKE}: the builders vLLM makes are "
+            "guarded only by their classes'"
+        ) if UTILS in sys.modules and make is None else None  # fmt: skip
         needed = todo or classes or watch
         status = base.Status.NEEDED if needed else base.Status.ALREADY
         data = (group if todo else None, classes, root if watch else None)
