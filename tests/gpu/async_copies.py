@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The guard on a real accelerator's asynchronous copies: the cases that the
-GPU tier (``tests/gpu/test_async_copies.py``, CUDA) and the ROCm tier
+GPU tier (``tests/gpu/test_pinned_async_copies.py``, CUDA) and the ROCm tier
 (``tests/rocm/test_async_copies.py``, MI-series GPUs) both run.
 
 The shared metadata is what the runner hands every builder: views of

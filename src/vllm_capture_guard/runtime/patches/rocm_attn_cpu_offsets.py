@@ -40,6 +40,7 @@ _PLAIN = frozenset({type(None), bool, int, float, str})
 _log = logging.getLogger("vllm.capture_guard")
 _state = threading.local()  # .active: ids of the metadata guarded in this thread
 _said: set[str] = set()
+string_at = ctypes.string_at
 #: The guard's own time in seconds, over every guarded capture.
 PHASES = ("save", "wait", "compare", "put_back")
 COST: dict[str, float] = dict.fromkeys(("calls", *PHASES), 0)
@@ -111,7 +112,11 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
         try:
             if isinstance(value, tensor):
                 if value.is_cpu and (on_device or i >= top or is_host_field(name)):
-                    saved.append((name, value, *_copy(value, torch)))
+                    dense = type(value) is tensor and value.layout is torch.strided
+                    if dense and value.is_contiguous() and (ptr := value.data_ptr()):
+                        saved.append((name, value, string_at(ptr, value.nbytes), ptr))
+                    else:  # not one dense block of memory: a copy by torch
+                        saved.append((name, value, value.clone(), None))
                     pinned = pinned or (wait is not None and value.is_pinned())
             elif isinstance(value, (dict, list, tuple)):
                 items = value.items() if isinstance(value, dict) else enumerate(value)
@@ -134,15 +139,6 @@ def _pinned_array(a: Any, torch: Any) -> bool:
         return True
 
 
-def _copy(t: Any, torch: Any) -> tuple[Any, int | None]:
-    """A host tensor's bytes and where they lie, if torch says they are one
-    dense block of memory; else a copy made by torch."""
-    dense = type(t) is torch.Tensor and t.layout is torch.strided
-    if dense and t.is_contiguous() and (ptr := t.data_ptr()):
-        return ctypes.string_at(ptr, t.nbytes), ptr
-    return t.clone(), None
-
-
 def wait_for(device: Any) -> None:
     """Until the work queued so far on ``device``'s current stream is done:
     one event, never the whole device. A device error raised here is the
@@ -157,7 +153,7 @@ def _same(a: Any, b: Any, ptr: int | None) -> bool:
     if ptr is not None:  # bytes; the memory moved if the pointer did
         if a.data_ptr() != ptr or a.nbytes != len(b):
             raise ValueError("its memory moved or changed size")
-        return ctypes.string_at(ptr, len(b)) == b
+        return string_at(ptr, len(b)) == b
     if isinstance(a, dict):  # the very same objects, or equal scalars
         return a.keys() == b.keys() and all(_kept(a[k], b[k]) for k in a)
     if isinstance(a, list):

@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The guard on the GPU's asynchronous copies (:mod:`tests.gpu.async_copies`):
+"""The guard on the GPU's asynchronous copies (:mod:`tests.gpu.async_copies`;
+this module runs after ``test_graph_replay.py``, whose fixture loads the plugin
+first in the session):
 copies between pinned host offsets and the device with ``non_blocking=True``
 behind a busy stream, copies on a side stream, and a capture run inside an
 active CUDA graph capture, replayed.
