@@ -119,6 +119,12 @@ def _cost(found: dict | None) -> list[str]:
         f"{run['sizes']} FULL capture sizes x ({', '.join(run['backends'])}, each "
         "then MiniMax-M3's indexer); goal: at most 8 ms",
     ]
+    for backend, one in (run.get("per_start_up") or {}).items():
+        lines.append(
+            f"- one start-up with {backend} (its {one['calls']} guarded captures): "
+            f"{one['ms']:.2f} ms, waiting {one['wait']:.2f} ms; its captures "
+            f"{one['captures_s'] * 1e3:.0f} ms"
+        )
     dummy = found.get("dummy_batch")
     if dummy:
         lines.append(
@@ -168,6 +174,14 @@ def _async_copies(found: dict | None) -> list[str]:
                 f"| {name} | {_outcome(pair['unguarded'])} "
                 f"| {_outcome(pair['guarded'])} |"
             )
+    beside = found.get("beside_another_capture")
+    if beside:
+        lines += [
+            "",
+            "Beside another thread's CUDA graph capture (global mode, as vLLM's): "
+            f"the guarded capture gave {_outcome(beside['guarded'])}; the other "
+            f"graph stayed valid and replayed to {beside['other_graph_replay']}.",
+        ]
     graph = found.get("inside_graph")
     if graph:
         lines += [

@@ -26,6 +26,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -366,9 +367,58 @@ def check_inside_a_graph_capture(results: dict) -> None:
     }
 
 
+def check_beside_another_threads_capture(results: dict) -> None:
+    """While another thread records a CUDA graph (torch's default
+    ``capture_error_mode="global"``, as every vLLM capture), a synchronisation
+    from this thread would invalidate that graph. The guard's wait runs with
+    this thread's capture mode relaxed: the other graph stays valid and
+    replays, and this capture is guarded exactly as on an idle GPU."""
+    made = builder("VendorBesideACapture", captured_h2d)  # zero, then copy
+    _, shared = _shared()  # allocated before the other capture begins
+    x = torch.zeros(4, device="cuda")
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    started, done, errors = threading.Event(), threading.Event(), []
+
+    def capture_elsewhere() -> None:
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                x.add_(1)
+                started.set()
+                done.wait(60)
+                x.add_(1)
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+        finally:
+            started.set()
+
+    other = threading.Thread(target=capture_elsewhere)
+    other.start()
+    started.wait(60)
+    try:
+        with _lines("VendorBesideACapture") as log:
+            made.build_for_cudagraph_capture(copy.copy(shared))
+    finally:
+        done.set()
+        other.join()
+    assert not errors, errors  # the other thread's graph was not invalidated
+    torch.cuda.synchronize()
+    on = _read(shared, log)
+    graph.replay()
+    torch.cuda.synchronize()
+    results["beside_another_capture"] = {
+        "guarded": dataclasses.asdict(on),
+        "other_graph_replay": x.tolist(),
+    }
+    assert x.tolist() == [2.0] * 4, x
+    assert (on.device, on.host) == (ZEROS, offsets()), on
+    assert on.log == [wrote("VendorBesideACapture")], on.log
+
+
 CHECKS = {
     "host_to_device": check_host_to_device,
     "device_to_host": check_device_to_host,
     "side_streams": check_side_streams,
     "inside_a_graph_capture": check_inside_a_graph_capture,
+    "beside_another_threads_capture": check_beside_another_threads_capture,
 }

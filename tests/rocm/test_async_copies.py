@@ -15,7 +15,8 @@ from tests.rocm.test_engine_startup import rocm_host  # noqa: F401  (a fixture)
 pytestmark = [pytest.mark.rocm]
 
 #: The cases, named without importing torch (CPU collection stays cheap).
-CASES = ("host_to_device", "device_to_host", "side_streams", "inside_a_graph_capture")
+CASES = ("host_to_device", "device_to_host", "side_streams",
+         "inside_a_graph_capture", "beside_another_threads_capture")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import pytest
 from tests.conftest import guard_lines, run_snippet
 from vllm_capture_guard.runtime import patches as patches_pkg
 from vllm_capture_guard.runtime import plugin, switch
-from vllm_capture_guard.runtime.patches import by_name, original_of
+from vllm_capture_guard.runtime.patches import original_of
+from vllm_capture_guard.tools.fixes import by_name
 from vllm_capture_guard.tools.revert import clear_hooks, revert
 
 LOAD_TWICE = """

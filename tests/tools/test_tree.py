@@ -68,8 +68,8 @@ def affected(tmp_path) -> Path:
 
 
 def test_names_are_the_runtime_patches_names():
-    from vllm_capture_guard.runtime.patches import by_name
     from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as rt
+    from vllm_capture_guard.tools.fixes import by_name
 
     for fix in (cpu_offsets, aiter_builder):
         assert by_name(fix.FIX).pr == fix.PR

@@ -17,6 +17,13 @@ BACKENDS: dict[str, tuple[str, ...]] = {
 }
 
 
+def by_name(name: str) -> Any:
+    """The runtime patch called ``name`` (KeyError: no such patch)."""
+    from vllm_capture_guard.runtime.patches import PATCHES
+
+    return {p.name: p for p in PATCHES}[name]
+
+
 def backends(patch: Any) -> tuple[str, ...]:
     return BACKENDS[patch.name]
 

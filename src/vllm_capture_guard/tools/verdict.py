@@ -79,7 +79,7 @@ def _size(run: SeedRun) -> str:
 
 
 def _patch(name: str) -> Any:
-    from vllm_capture_guard.runtime.patches import by_name
+    from vllm_capture_guard.tools.fixes import by_name
 
     return by_name(name)
 

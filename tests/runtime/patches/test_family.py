@@ -20,15 +20,11 @@ import torch
 
 from tests.fake_device import DeviceTensor
 from vllm_capture_guard.runtime import switch
-from vllm_capture_guard.runtime.patches import (
-    Status,
-    by_name,
-    is_guarded,
-    original_of,
-)
+from vllm_capture_guard.runtime.patches import Status, is_guarded, original_of
 from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as guard
 from vllm_capture_guard.tools import harness
 from vllm_capture_guard.tools.contract import CPU
+from vllm_capture_guard.tools.fixes import by_name
 from vllm_capture_guard.tools.revert import revert
 
 METHOD = "build_for_cudagraph_capture"

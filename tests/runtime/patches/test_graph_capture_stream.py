@@ -11,8 +11,9 @@ import torch
 
 from tests import capture_sites as cs
 from tests.conftest import guard_lines, run_snippet
-from vllm_capture_guard.runtime.patches import MARKER, Status, by_name
+from vllm_capture_guard.runtime.patches import MARKER, Status
 from vllm_capture_guard.runtime.patches import graph_capture_stream as mod
+from vllm_capture_guard.tools.fixes import by_name
 from vllm_capture_guard.tools.guard import inspect
 from vllm_capture_guard.tools.revert import revert
 

@@ -97,9 +97,8 @@ class Patch:
             return Outcome(self.name, Status.DISABLED, why)
         for name in self.modules:  # the first that vLLM has imported
             module = sys.modules.get(name)
-            if module is not None and not getattr(
-                getattr(module, "__spec__", None), "_initializing", False
-            ):
+            spec = getattr(module, "__spec__", None)
+            if module is not None and not getattr(spec, "_initializing", False):
                 return self.plan(module)
         why = f"{', '.join(self.modules)} not imported (yet)"
         return Outcome(self.name, Status.UNAVAILABLE, why)
@@ -136,7 +135,3 @@ def unknown_disabled() -> str | None:
             f"{switch.DISABLE_ENV} names no patch: {unknown} (the patches are {known})"
         )
     return None
-
-
-def by_name(name: str) -> Patch:
-    return {p.name: p for p in PATCHES}[name]  # KeyError: no such patch

@@ -16,6 +16,7 @@ import copy
 import ctypes
 import functools
 import logging
+import os
 import sys
 import threading
 import time
@@ -25,11 +26,8 @@ from typing import Any
 from vllm_capture_guard.runtime import patches as base
 
 PR, METHOD = "#51585", "build_for_cudagraph_capture"
-UTILS, GROUP, MAKE = (
-    "vllm.v1.worker.utils",
-    "AttentionGroup",
-    "create_metadata_builders",
-)
+UTILS, GROUP = "vllm.v1.worker.utils", "AttentionGroup"
+MAKE = "create_metadata_builders"
 BASE, BUILDER = "vllm.v1.attention.backend", "AttentionMetadataBuilder"
 BACKENDS = ("rocm_attn", "rocm_aiter_unified_attn")  # their import applies it too
 #: Host fields whose names do not say so (the rule where all is on the CPU).
@@ -44,14 +42,15 @@ string_at = ctypes.string_at
 #: The guard's own time in seconds, over every guarded capture.
 PHASES = ("save", "wait", "compare", "put_back")
 COST: dict[str, float] = dict.fromkeys(("calls", *PHASES), 0)
+EXCHANGE = "ThreadExchangeStreamCaptureMode"  # of the CUDA driver, or HIP
 CAPTURING = "inside a stream capture"  # save()'s wait: nothing has run yet
 #: Said once per builder class whose capture runs inside a stream capture.
 CAPTURED = (
     "{}'s capture ran inside an active stream capture (a CUDA or HIP graph being "
     "recorded): its host writes were put back at once, so the graph's copies from "
-    "them read the kept values at replay, as under 0.29.0's capture, which writes "
-    "none; a copy it captured into host memory writes there at every replay, "
-    "unseen by the guard (no vLLM caller from 0.27.1 to 0.33.0 does this)"
+    "them read the kept values at replay, as under 0.29.0's; a copy it captured "
+    "into host memory writes there at every replay, unseen by the guard (no vLLM "
+    "caller from 0.27.1 to 0.33.0 does this)"
 )
 
 
@@ -77,10 +76,8 @@ def fields_of(metadata: Any) -> dict[str, Any]:
     """What ``metadata`` holds, as a dataclass holds it: its instance dict and
     its slots across the class hierarchy; no property is ever read."""
     own, slots = getattr(metadata, "__dict__", None), _slots(type(metadata))
-    if not slots and isinstance(own, dict):
-        return own
-    if not slots:
-        raise TypeError(f"{type(metadata).__name__} has neither fields nor slots")
+    if not slots:  # the common case: the instance dict itself (or a TypeError)
+        return vars(metadata)
     fields = dict(own) if isinstance(own, dict) else {}
     for name, slot in slots:
         try:  # noqa: SIM105 (a context manager per slot costs more)
@@ -91,10 +88,9 @@ def fields_of(metadata: Any) -> dict[str, Any]:
 
 
 def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
-    """``([(field, value, copy, pointer)], [fields not saved], wait, size)``
-    for each host value, also in dicts, lists and tuples (a dense tensor's copy
-    is its bytes); wait: the device whose stream may still copy to or from a
-    pinned one, ``CAPTURING``, or None."""
+    """``([(field, value, copy, pointer)], [fields not saved], wait, size)`` for
+    each host value, also in containers (a dense tensor's copy is its bytes);
+    wait: the device whose stream may still copy a pinned one, or ``CAPTURING``."""
     fields, torch = fields_of(metadata), sys.modules.get("torch")
     device = getattr(fields.get("query_start_loc"), "device", None)
     on_device = getattr(device, "type", "cpu") != "cpu"
@@ -103,11 +99,12 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
         wait = CAPTURING if torch.cuda.is_current_stream_capturing() else device
     pinned = wait is CAPTURING
     saved, failed, seen = [], [], set()
-    todo = list(fields.items())  # grows by what dicts, lists and tuples hold
+    todo = [(n, v) for n, v in fields.items()  # grows by what containers hold
+            if type(v) not in _PLAIN and getattr(v, "is_cpu", True)]  # fmt: skip
     top, tensor = len(todo), torch.Tensor if torch is not None else ()
     for i, (name, value) in enumerate(todo):
         if type(value) in _PLAIN or id(value) in seen:
-            continue  # a scalar, or a value another field holds
+            continue  # a scalar, or a value another field holds (device: gone)
         seen.add(id(value))
         try:
             if isinstance(value, tensor):
@@ -140,13 +137,29 @@ def _pinned_array(a: Any, torch: Any) -> bool:
 
 
 def wait_for(device: Any) -> None:
-    """Until the work queued so far on ``device``'s current stream is done:
-    one event, never the whole device. A device error raised here is the
-    capture's own asynchronous fault."""
+    """Until ``device``'s current stream has done what is queued (one event, never
+    the device), relaxed meanwhile: no graph capture elsewhere is invalidated."""
     torch, events = sys.modules["torch"], _state.__dict__.setdefault("events", {})
     event = events.get(device) or events.setdefault(device, torch.cuda.Event())
-    event.record(torch.cuda.current_stream(device))
-    event.synchronize()
+    exchange, mode = _exchange(), ctypes.c_int(2)  # 2: the relaxed mode
+    exchange(ctypes.byref(mode))
+    try:
+        event.record(torch.cuda.current_stream(device.index))
+        event.synchronize()
+    finally:
+        exchange(ctypes.byref(mode))  # the mode this thread had
+
+
+@functools.cache
+def _exchange() -> Any:
+    """The capture-mode exchange of the CUDA driver or HIP torch loaded, or a no-op."""
+    hip = sys.modules["torch"].version.hip
+    lib = f"libamdhip64.so.{hip.split('.')[0]}" if hip else "libcuda.so.1"
+    try:
+        found = ctypes.CDLL(lib, mode=os.RTLD_NOLOAD)
+        return getattr(found, ("hip" if hip else "cu") + EXCHANGE)
+    except (OSError, AttributeError):
+        return lambda mode: 0
 
 
 def _same(a: Any, b: Any, ptr: int | None) -> bool:
@@ -209,22 +222,6 @@ def _say(message: str, warning: bool = False) -> None:
     (_log.warning if warning else _log.info)(f"vllm-capture-guard: {message}")
 
 
-def _note(owner: str, wrote: list[str], size: Any, spent: tuple) -> None:
-    with base.LOCK:
-        seen = SEEN.setdefault(owner, {"calls": 0, "wrote": {}})
-        seen["calls"] += 1
-        new = [n for n in wrote if n not in seen["wrote"]]
-        seen["wrote"].update(dict.fromkeys(new, size))
-        COST["calls"] += 1
-        for phase, seconds in zip(PHASES, spent, strict=True):
-            COST[phase] += seconds
-    if new:
-        _say(f"{owner}'s capture wrote {', '.join(new)} (size {size}); kept from "
-             f"the other builders (backport of PR {PR})")  # fmt: skip
-    elif seen["calls"] == 1:
-        _say(f"{owner}'s capture, watched: it wrote no shared host value (size {size})")
-
-
 def guarded_call(capture: Any, owner: str, metadata: Any, *args: Any, **kw: Any) -> Any:
     """``capture(metadata, ...)``; then, once the device work it queued is
     done, put back what it changed in place."""
@@ -249,8 +246,7 @@ def guarded_call(capture: Any, owner: str, metadata: Any, *args: Any, **kw: Any)
         _settle(owner, saved, failed, wait, size, raised, saving)
 
 
-def _settle(owner: str, saved: list, failed: list, wait: Any, size: Any,
-            raised: bool, saving: float) -> None:  # fmt: skip
+def _settle(owner, saved, failed, wait, size, raised, saving):  # noqa: ANN001, ANN202
     """After the capture: wait for its device work, then tell and put back."""
     clock = time.perf_counter
     t0 = clock()
@@ -259,16 +255,31 @@ def _settle(owner: str, saved: list, failed: list, wait: Any, size: Any,
     elif wait is not None:
         try:
             wait_for(wait)
-        except Exception:
-            if not raised:  # the capture's own asynchronous fault: it goes on
+        except RuntimeError:  # CUDA's or HIP's: the capture's asynchronous fault
+            if not raised:
                 raise
+        except Exception as e:  # the guard's own: told without waiting
+            _say(f"could not wait for {owner}'s capture ({_short(e)})", True)
     t1 = clock()
     try:
         changes, lost = changed(saved)
         t2 = clock()
         lost += put_back(changes)
-        spent = (saving, t1 - t0, t2 - t1, clock() - t2)
-        _note(owner, [name for name, *_ in changes], size, spent)
+        spent, wrote = (saving, t1 - t0, t2 - t1, clock() - t2), [e[0] for e in changes]
+        with base.LOCK:
+            seen = SEEN.setdefault(owner, {"calls": 0, "wrote": {}})
+            seen["calls"] += 1
+            new = [n for n in wrote if n not in seen["wrote"]]
+            seen["wrote"].update(dict.fromkeys(new, size))
+            COST["calls"] += 1
+            for phase, seconds in zip(PHASES, spent, strict=True):
+                COST[phase] += seconds
+        if new:
+            _say(f"{owner}'s capture wrote {', '.join(new)} (size {size}); kept "
+                 f"from the other builders (backport of PR {PR})")  # fmt: skip
+        elif seen["calls"] == 1:
+            _say(f"{owner}'s capture, watched: it wrote no shared host value "
+                 f"(size {size})")  # fmt: skip
         if lost := failed + lost:
             _say(f"{owner}'s capture: could not keep {', '.join(lost)} from the "
                  "other builders", True)  # fmt: skip
@@ -352,9 +363,8 @@ def _making(make: Any) -> Any:
 
 
 DETAIL = (
-    "every metadata builder's capture puts back the host values it changed in "
-    f"place, as vLLM makes each builder and on every builder class (backport "
-    f"of PR {PR})"
+    "every metadata builder's capture puts back the host values it changed in place, "
+    f"as vLLM makes each builder and on every builder class (backport of PR {PR})"
 )
 
 
