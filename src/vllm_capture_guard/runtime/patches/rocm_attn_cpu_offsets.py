@@ -1,14 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """No builder's capture may change the host values other builders read
 (backport of PR #51585, in 0.29.0; delete when 0.29.0 is the oldest supported).
-
 Symptom: MiniMax-M3 with ``ROCM_ATTN`` or ``ROCM_AITER_UNIFIED_ATTN`` dies at
-start-up in ``indexer.py``: ``assert decode_query_len > 0``. Cause: every
-builder gets the same metadata; the ROCm capture zeroes the host
-``query_start_loc_cpu`` with the device offsets (vLLM #25985). How: every
-``build_for_cudagraph_capture`` runs guarded (each builder vLLM makes, each
-builder class with its own): its host values are saved before it, and what it
-changed in place is put back once its device work is done; said once."""
+start-up (``indexer.py``: ``assert decode_query_len > 0``): the ROCm capture
+zeroes the shared host ``query_start_loc_cpu`` with the device offsets. How:
+every ``build_for_cudagraph_capture`` runs guarded: its host values are saved,
+and what it changed is put back once its device work is done; said once."""
 
 from __future__ import annotations
 
