@@ -2,8 +2,9 @@
 """The ROCm tier's run of the GPU tier's asynchronous-copy cases
 (:mod:`tests.gpu.async_copies`) on an MI-series GPU: pinned host offsets
 copied to and from the device with ``non_blocking=True`` behind a busy
-stream, side streams, and a capture inside an active HIP graph capture,
-replayed. One GPU (the TP1 job). Skips on any other host, and fails there
+stream, side streams, a capture inside an active HIP graph capture
+(replayed), and one while another thread records a HIP graph. One GPU (the
+TP1 job). Skips on any other host, and fails there
 where ``CAPTURE_GUARD_REQUIRE_GPUS`` says the host must be a ROCm one."""
 
 from __future__ import annotations

@@ -392,6 +392,10 @@ MADE = frozenset({"__dict__", "__weakref__", "__init__", "__repr__", "__eq__",
                   "__dataclass_params__", "__slotnames__"})  # fmt: skip
 
 
+#: How many metadata objects the runner made of the slotted class.
+SLOTTED = {"made": 0}
+
+
 def slotted_metadata(kind: str) -> Callable[[], None]:
     """vLLM's ``CommonAttentionMetadata`` made slotted, where vLLM's attention
     package and the runner module name it: a ``@dataclass(slots=True)``
@@ -406,7 +410,14 @@ def slotted_metadata(kind: str) -> Callable[[], None]:
         made = type(f"Vendor{name}", (common,), {"__module__": __name__})
     else:  # its own namespace, less what dataclass() makes
         made = type(name, (), {k: v for k, v in vars(common).items() if k not in MADE})
-    made = dataclasses.dataclass(slots=True)(made)
+    made, SLOTTED["made"] = dataclasses.dataclass(slots=True)(made), 0
+    init = made.__init__
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        SLOTTED["made"] += 1  # the runner made its metadata of this class
+        init(self, *args, **kwargs)
+
+    made.__init__ = __init__
     modules = [m for m in (backend, gpu_model_runner) if getattr(m, name) is common]
     for module in modules:
         setattr(module, name, made)
@@ -480,6 +491,7 @@ def _run_case(case: str, log: _Lines) -> dict:
         },
         "log": log.lines[start:],
         "device": spec.device and type(runner.query_start_loc.gpu).__name__,
+        "slotted_made": SLOTTED["made"] if spec.metadata else None,
     }
 
 

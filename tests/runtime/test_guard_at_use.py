@@ -86,6 +86,8 @@ def test_case_through_vllms_start_up(case, runs):
     # profiling's two sizes, capture_model's 51, the dummy batch
     assert on["calls"][builder] == 2 + sizes + 1, on["calls"]
     assert spec.device is False or on["device"] == "DeviceTensor"
+    if spec.metadata:  # the runner really made its metadata slotted, both ways
+        assert off["slotted_made"] and on["slotted_made"], (off, on)
     said = [line for line in on["log"] if line.startswith("INFO ") and builder in line]
     assert not [line for line in on["log"] if "not needed" in line]
     if spec.passes_unguarded:

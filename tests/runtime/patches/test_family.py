@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import threading
 
 import pytest
@@ -296,11 +297,12 @@ def test_slotted_metadata_is_read_as_a_dataclass_is():
         metadata.query_start_loc_cpu.zero_()
 
     for cls in (sub, replaced):
-        cm = _slotted(cls, harness.Batch(4))
+        cm = _slotted(cls, harness.Batch(4), _seq_lens_cpu=None)
         assert not vars(cm) if cls is sub else not hasattr(cm, "__dict__")
         assert "query_start_loc_cpu" in guard.fields_of(cm)
         guard.guarded_call(capture, cls.__name__, cm)
         assert cm.query_start_loc_cpu.tolist() == harness.Batch(4).offsets(), cls
+        assert cm._seq_lens_cpu is None  # its property (a lazy cache) never read
 
 
 def test_no_property_is_read():
@@ -480,18 +482,28 @@ def test_a_failure_after_the_capture_never_reaches_vllm(monkeypatch, caplog):
     assert any("could not put back" in r.getMessage() for r in caplog.records)
 
 
-def _waiting(monkeypatch, wait) -> list:  # noqa: ANN001
+def _waiting(monkeypatch, wait, mark="cuda:0") -> list:  # noqa: ANN001
     """``save`` as it is, but saying there is device work to wait for (as on
-    a GPU with pinned host values); ``wait_for`` replaced by ``wait``."""
+    a GPU with pinned host values), or ``mark``; ``wait_for`` replaced."""
     save, order = guard.save, []
 
     def waiting_save(metadata):  # noqa: ANN001, ANN202
         saved, failed, _, size = save(metadata)
-        return saved, failed, "cuda:0", size
+        return saved, failed, mark, size
 
     monkeypatch.setattr(guard, "save", waiting_save)
     monkeypatch.setattr(guard, "wait_for", lambda device: wait(device, order))
     return order
+
+
+def _device_fault(device, order):  # noqa: ANN001, ANN202
+    error = getattr(torch, "AcceleratorError", RuntimeError)
+    raise error("CUDA error: an illegal memory access was encountered")
+
+
+def _zeroes(metadata):  # noqa: ANN001, ANN202
+    metadata.query_start_loc_cpu.zero_()
+    return "built"
 
 
 def test_the_host_values_are_told_after_the_wait(monkeypatch):
@@ -511,24 +523,19 @@ def test_the_host_values_are_told_after_the_wait(monkeypatch):
     assert guard.SEEN["LateCopy"]["wrote"] == {"query_start_loc_cpu": 4}
 
 
-def test_a_device_error_at_the_wait_reaches_vllm(monkeypatch):
-    """The capture's kernels' asynchronous fault surfaces at the wait: it goes
-    on to vLLM as it would have at vLLM's next synchronisation."""
-
-    def fault(device, order):  # noqa: ANN001, ANN202
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    _waiting(monkeypatch, fault)
+def test_a_device_error_at_the_wait_reaches_vllm_after_the_put_back(monkeypatch):
+    """An asynchronous fault of the stream's work surfaces at the wait: it goes
+    on to vLLM as it would have at vLLM's next synchronisation, and the host
+    values are kept all the same."""
+    _waiting(monkeypatch, _device_fault)
     shared = harness.shared_metadata(harness.Batch(2))
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        guard.guarded_call(lambda m: "built", "Faults", shared)
+        guard.guarded_call(_zeroes, "Faults", shared)
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
 
 
 def test_a_capture_that_raises_keeps_its_own_error(monkeypatch):
-    def fault(device, order):  # noqa: ANN001, ANN202
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    _waiting(monkeypatch, fault)
+    _waiting(monkeypatch, _device_fault)
     shared = harness.shared_metadata(harness.Batch(2))
 
     def capture(metadata):  # noqa: ANN001, ANN202
@@ -540,10 +547,111 @@ def test_a_capture_that_raises_keeps_its_own_error(monkeypatch):
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
 
 
+@pytest.mark.parametrize(
+    "error",
+    [NotImplementedError("no events here"),
+     RuntimeError("operation not permitted when stream is capturing"),
+     AttributeError("no current_stream")],
+    ids=["not-a-device-error", "capture-mode", "attribute"],
+)  # fmt: skip
+def test_the_guards_own_failure_to_wait_is_one_warning(monkeypatch, caplog, error):
+    """Not CUDA's or HIP's own error (or one of the capture mode): the
+    guard's; it never reaches vLLM, and the values are told without waiting."""
+
+    def fails(device, order):  # noqa: ANN001, ANN202
+        raise error
+
+    _waiting(monkeypatch, fails)
+    shared = harness.shared_metadata(harness.Batch(2))
+    owner = f"CannotWait{type(error).__name__}{len(str(error))}"
+    with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
+        assert guard.guarded_call(_zeroes, owner, shared) == "built"
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and f"could not wait for {owner}'s capture" in said[0], said
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
+
+
+def test_inside_a_stream_capture_it_puts_back_at_once_with_one_warning(
+    monkeypatch, caplog
+):
+    """Nothing has run yet: no wait (it would invalidate the graph), the host
+    values put back, one WARNING per builder class."""
+
+    def never(device, order):  # noqa: ANN001, ANN202
+        pytest.fail("the guard waited inside a stream capture")
+
+    _waiting(monkeypatch, never, mark=guard.CAPTURING)
+    shared = harness.shared_metadata(harness.Batch(2))
+    with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
+        guard.guarded_call(_zeroes, "InsideAGraph", shared)
+        guard.guarded_call(_zeroes, "InsideAGraph", shared)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and "inside an active stream capture" in said[0], said
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
+
+
+class _FakeCuda:
+    """What ``wait_for`` asks of ``torch.cuda``, recorded in order."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def Event(self):  # noqa: ANN202, N802
+        calls = self.calls
+
+        class Event:
+            def record(self, stream):  # noqa: ANN001, ANN202
+                calls.append(("record", stream))
+
+            def synchronize(self):  # noqa: ANN202
+                calls.append(("synchronize",))
+
+        return Event()
+
+    def current_stream(self, index):  # noqa: ANN001, ANN202
+        return f"stream of {index}"
+
+
+@pytest.mark.parametrize("exchanged", [0, 1], ids=["relaxed", "exchange-failed"])
+def test_the_wait_runs_relaxed_and_gives_the_mode_back(monkeypatch, exchanged):
+    """One event on the device's current stream, with the thread's capture
+    mode relaxed (2) around it and the previous mode given back, only where
+    the exchange succeeded."""
+    import ctypes
+
+    calls: list = []
+
+    def exchange(pointer):  # noqa: ANN001, ANN202
+        mode = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_int)).contents
+        calls.append(("exchange", mode.value))
+        mode.value = 0  # the previous mode: global
+        return exchanged
+
+    fake = type("FakeTorch", (), {"cuda": _FakeCuda(calls)})()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(guard, "_exchange", lambda: exchange)
+    monkeypatch.setattr(guard._state, "events", {}, raising=False)
+    guard.wait_for(torch.device("cuda", 3))
+    monkeypatch.undo()
+    expected = [("exchange", 2), ("record", "stream of 3"), ("synchronize",)]
+    assert calls == expected + ([("exchange", 0)] if exchanged == 0 else [])
+
+
+def test_pinned_is_told_by_torch_and_unknown_counts_as_pinned():
+    import numpy as np
+
+    assert guard._pinned(torch.zeros(3), torch) is False
+    assert guard._pinned(np.zeros(3), torch) is False
+    frozen = np.zeros(3)
+    frozen.flags.writeable = False
+    assert guard._pinned(frozen, torch) is True  # torch cannot tell: wait
+    assert guard._pinned(np.array([object()]), torch) is True
+
+
 def test_no_wait_where_nothing_is_on_a_gpu(monkeypatch):
     """All on the CPU (or a device that only reports a GPU): no stream to
     wait for, and CUDA is never asked."""
-    monkeypatch.setattr(guard, "wait_for", lambda device: 1 / 0)
+    monkeypatch.setattr(guard, "wait_for", lambda device: pytest.fail("waited"))
     shared = harness.shared_metadata(harness.Batch(2))
     assert guard.save(shared)[2] is None
     shared.query_start_loc = shared.query_start_loc.as_subclass(DeviceTensor)

@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 import threading
-import time
 import types
 from typing import Any
 
@@ -36,9 +35,6 @@ _log = logging.getLogger("vllm.capture_guard")
 _state = threading.local()  # .active: ids of the metadata guarded in this thread
 _said: set[str] = set()
 string_at = ctypes.string_at
-#: The guard's own time in seconds, over every guarded capture.
-PHASES = ("save", "wait", "compare", "put_back")
-COST: dict[str, float] = dict.fromkeys(("calls", *PHASES), 0)
 EXCHANGE = "ThreadExchangeStreamCaptureMode"  # of the CUDA driver, or HIP
 CAPTURING = "inside a stream capture"  # save()'s wait: nothing has run yet
 #: Said once per builder class whose capture runs inside a stream capture.
@@ -96,12 +92,12 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
         wait = CAPTURING if torch.cuda.is_current_stream_capturing() else device
     pinned = wait is CAPTURING
     saved, failed, seen = [], [], set()
-    todo = [(n, v) for n, v in fields.items()  # grows by what containers hold
-            if type(v) not in _PLAIN and getattr(v, "is_cpu", True)]  # fmt: skip
+    todo = [(n, v) for n, v in fields.items() if type(v) not in _PLAIN  # grows
+            and getattr(v, "is_cpu", 1) is not False]  # no device tensors  # fmt: skip
     top, tensor = len(todo), torch.Tensor if torch is not None else ()
     for i, (name, value) in enumerate(todo):
         if type(value) in _PLAIN or id(value) in seen:
-            continue  # a scalar, or a value another field holds (device: gone)
+            continue  # a scalar, or a value another field holds
         seen.add(id(value))
         try:
             if isinstance(value, tensor):
@@ -111,7 +107,7 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
                         saved.append((name, value, string_at(ptr, value.nbytes), ptr))
                     else:  # not one dense block of memory: a copy by torch
                         saved.append((name, value, value.clone(), None))
-                    pinned = pinned or (wait is not None and value.is_pinned())
+                    pinned = pinned or (wait is not None and _pinned(value, torch))
             elif isinstance(value, (dict, list, tuple)):
                 items = value.items() if isinstance(value, dict) else enumerate(value)
                 todo += [(f"{name}[{k!r}]", v) for k, v in items]
@@ -119,16 +115,18 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
                     saved.append((name, value, copy.copy(value), None))
             elif hasattr(value, "__array__") and hasattr(value, "copy"):  # numpy
                 saved.append((name, value, value.copy(), None))
-                pinned = pinned or (wait is not None and _pinned_array(value, torch))
+                pinned = pinned or (wait is not None and _pinned(value, torch))
         except Exception as e:  # that value alone goes unsaved
             failed.append(f"{name} ({_short(e)})")
-    return saved, failed, wait if pinned else None, fields.get("num_actual_tokens")
+    return saved, failed, wait if pinned else None, fields.get("num_actual_tokens", "?")
 
 
-def _pinned_array(a: Any, torch: Any) -> bool:
-    """Is this array's memory pinned? True where torch cannot tell."""
+def _pinned(value: Any, torch: Any) -> bool:
+    """Is this host tensor's or array's memory pinned? Yes where torch cannot tell."""
     try:
-        return not a.flags.writeable or torch.from_numpy(a).is_pinned()
+        if not isinstance(value, torch.Tensor):  # an array: over torch's memory?
+            value = torch.from_numpy(value) if value.flags.writeable else None
+        return value is None or value.is_pinned()
     except Exception:
         return True
 
@@ -139,12 +137,13 @@ def wait_for(device: Any) -> None:
     torch, events = sys.modules["torch"], _state.__dict__.setdefault("events", {})
     event = events.get(device) or events.setdefault(device, torch.cuda.Event())
     exchange, mode = _exchange(), ctypes.c_int(2)  # 2: the relaxed mode
-    exchange(ctypes.byref(mode))
+    relaxed = exchange(ctypes.byref(mode)) == 0
     try:
         event.record(torch.cuda.current_stream(device.index))
         event.synchronize()
     finally:
-        exchange(ctypes.byref(mode))  # the mode this thread had
+        if relaxed:  # back to the mode this thread had
+            exchange(ctypes.byref(mode))
 
 
 @functools.cache
@@ -154,9 +153,13 @@ def _exchange() -> Any:
     lib = f"libamdhip64.so.{hip.split('.')[0]}" if hip else "libcuda.so.1"
     try:
         found = ctypes.CDLL(lib, mode=os.RTLD_NOLOAD)
-        return getattr(found, ("hip" if hip else "cu") + EXCHANGE)
-    except (OSError, AttributeError):
-        return lambda mode: 0
+        found = getattr(found, ("hip" if hip else "cu") + EXCHANGE)
+        found.argtypes, found.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int
+        return found
+    except (OSError, AttributeError) as e:
+        _say(f"{lib} has no {EXCHANGE} ({_short(e)}): a graph captured in another "
+             "thread while the guard waits would be invalidated", True)  # fmt: skip
+        return lambda mode: 1
 
 
 def _same(a: Any, b: Any, ptr: int | None) -> bool:
@@ -225,7 +228,6 @@ def guarded_call(capture: Any, owner: str, metadata: Any, *args: Any, **kw: Any)
     active = _state.__dict__.setdefault("active", set())
     if id(metadata) in active:  # nested on the same metadata: the outer puts back
         return capture(metadata, *args, **kw)
-    t0 = time.perf_counter()
     try:
         saved, failed, wait, size = save(metadata)
     except Exception as e:  # never stop vLLM: its own call, unguarded
@@ -233,44 +235,39 @@ def guarded_call(capture: Any, owner: str, metadata: Any, *args: Any, **kw: Any)
         _say(f"{why}; it ran unguarded, and may change what other builders read", True)
         return capture(metadata, *args, **kw)
     active.add(id(metadata))
-    raised, saving = True, time.perf_counter() - t0
+    raised = True
     try:
         result = capture(metadata, *args, **kw)
         raised = False
         return result
     finally:
         active.discard(id(metadata))
-        _settle(owner, saved, failed, wait, size, raised, saving)
+        _settle(owner, saved, failed, wait, size, raised)
 
 
-def _settle(owner, saved, failed, wait, size, raised, saving):  # noqa: ANN001, ANN202
+def _settle(owner, saved, failed, wait, size, raised):  # noqa: ANN001, ANN202
     """After the capture: wait for its device work, then tell and put back."""
-    clock = time.perf_counter
-    t0 = clock()
+    fault = None
     if wait is CAPTURING:
         _say(CAPTURED.format(owner), True)
     elif wait is not None:
         try:
             wait_for(wait)
-        except RuntimeError:  # CUDA's or HIP's: the capture's asynchronous fault
-            if not raised:
-                raise
-        except Exception as e:  # the guard's own: told without waiting
-            _say(f"could not wait for {owner}'s capture ({_short(e)})", True)
-    t1 = clock()
+        except Exception as e:  # a device error goes on to vLLM, after the put-back
+            err = getattr(sys.modules["torch"], "AcceleratorError", RuntimeError)
+            if isinstance(e, err) and "capturing" not in str(e) and not raised:
+                fault = e
+            else:  # the guard's own: told without waiting
+                _say(f"could not wait for {owner}'s capture ({_short(e)})", True)
     try:
         changes, lost = changed(saved)
-        t2 = clock()
         lost += put_back(changes)
-        spent, wrote = (saving, t1 - t0, t2 - t1, clock() - t2), [e[0] for e in changes]
+        wrote = [name for name, *_ in changes]
         with base.LOCK:
             seen = SEEN.setdefault(owner, {"calls": 0, "wrote": {}})
             seen["calls"] += 1
             new = [n for n in wrote if n not in seen["wrote"]]
             seen["wrote"].update(dict.fromkeys(new, size))
-            COST["calls"] += 1
-            for phase, seconds in zip(PHASES, spent, strict=True):
-                COST[phase] += seconds
         if new:
             _say(f"{owner}'s capture wrote {', '.join(new)} (size {size}); kept "
                  f"from the other builders (backport of PR {PR})")  # fmt: skip
@@ -282,6 +279,8 @@ def _settle(owner, saved, failed, wait, size, raised, saving):  # noqa: ANN001, 
                  "other builders", True)  # fmt: skip
     except Exception as e:
         _say(f"could not put back what {owner}'s capture wrote ({_short(e)})", True)
+    if fault is not None:
+        raise fault
 
 
 def guard_class(cls: type) -> None:
