@@ -20,11 +20,10 @@ ROCm capture plus one write) zeroes it. Asserted:
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+from tests.gpu import async_copies
 from vllm_capture_guard.tools.revert import revert
 
 pytestmark = [
@@ -41,25 +40,10 @@ NEUTRAL = "vendor_request_offsets"
 
 @pytest.fixture(scope="module")
 def guarded():
-    old = os.environ.get("VLLM_CAPTURE_GUARD")
-    os.environ["VLLM_CAPTURE_GUARD"] = "on"
-    from vllm.plugins import load_general_plugins
+    with async_copies.guard_loaded():
+        import vllm.v1.attention.backends.rocm_attn  # noqa: F401 (its hooks apply)
 
-    load_general_plugins()
-    import vllm.v1.attention.backends.rocm_attn  # noqa: F401
-    import vllm.v1.worker.utils  # noqa: F401
-
-    from vllm_capture_guard.runtime.patches import PATCHES
-
-    for patch in PATCHES:  # another module of the session may have undone them
-        patch.apply()
-    yield
-    for patch in reversed(PATCHES):
-        revert(patch)
-    if old is None:
-        os.environ.pop("VLLM_CAPTURE_GUARD", None)
-    else:
-        os.environ["VLLM_CAPTURE_GUARD"] = old
+        yield
 
 
 def _vendor(seen: list) -> type:
