@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Full CUDA-graph capture must leave the host metadata it was given unchanged.
 
 During full-graph capture the model runner builds one

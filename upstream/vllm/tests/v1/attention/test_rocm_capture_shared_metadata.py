@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """ROCm full CUDA-graph capture must not change what later builders read.
 
 During full-graph capture the model runner gives the metadata builder of every
