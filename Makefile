@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: env envs check status test lint bench oracle matrix clean audit bench-audit wheel
+.PHONY: env envs check status test lint bench oracle matrix clean audit bench-audit wheel upstream-hooks
 
 env: $(VENV)/.ready
 
@@ -40,6 +40,13 @@ wheel: env
 lint: env
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# vLLM 0.33.0's own pre-commit hooks (check-spdx-header, ruff-check,
+# ruff-format, typos, check-test-tethering) on upstream/vllm/, in a copy of its
+# sdist tree; the tools pinned in requirements/upstream-hooks.txt, installed
+# once into .tools/. `make test` runs the same (tests/vllm_tree/test_upstream_hooks.py).
+upstream-hooks: env
+	$(PY) -m tests.vllm_tree.precommit
 
 # --- version matrix and differential oracle (other releases beside the venv) --
 # Each other release: `pip install --no-deps --target $(ENVS)/vllm-X vllm==X`,

@@ -170,8 +170,10 @@ def jobs_for(versions: list[str], own: str) -> list[Job]:
 
 
 def _job_env(job: Job, folder: Path) -> dict[str, str | None]:
-    """What a job writes is its own: caches (vLLM's, the sdists', pip's) under
-    its own ``XDG_CACHE_HOME``, kept between runs in ``.envs/cache``."""
+    """What a job writes is its own: caches (vLLM's, pip's) under its own
+    ``XDG_CACHE_HOME``, kept between runs in ``.envs/cache``. The vLLM sdists
+    are read by two jobs (the in-tree tests, vLLM's pre-commit hooks) and
+    written whole or not at all, so they share ``.envs/cache/sdists``."""
     from vllm_capture_guard.runtime import switch
 
     cache = CACHE / job.name
@@ -181,7 +183,8 @@ def _job_env(job: Job, folder: Path) -> dict[str, str | None]:
         "VLLM_LOGGING_STREAM": os.environ.get("VLLM_LOGGING_STREAM"),
         "XDG_CACHE_HOME": str(cache),
         "VLLM_CACHE_ROOT": None,
-        "CAPTURE_GUARD_SDIST_CACHE": os.environ.get("CAPTURE_GUARD_SDIST_CACHE"),
+        "CAPTURE_GUARD_SDIST_CACHE": os.environ.get("CAPTURE_GUARD_SDIST_CACHE")
+        or str(CACHE / "sdists"),
     }
 
 
