@@ -14,7 +14,7 @@ would there:
   ``rev``) from the package registry's release of the tool at that ``rev``
   (``requirements/upstream-hooks.txt``, installed once into
   ``.tools/upstream-hooks-<digest>/``): pre-commit itself would clone the
-  repository, and GitHub is not reachable from the test machines;
+  repository from GitHub, and this needs the package registry alone;
 * a local hook (``language: python``) runs the config's ``entry`` with this
   interpreter, the tool folder first on ``PYTHONPATH`` (its
   ``additional_dependencies`` must be pinned there);
@@ -24,7 +24,8 @@ Nothing of vLLM's is stored here: the config and the scripts are read from the
 sdist (``tests/vllm_tree/sdist.py``, the cache the in-tree tests use) at run
 time.
 
-    python -m tests.vllm_tree.precommit     # make upstream-hooks
+    python -m tests.vllm_tree.precommit             # make upstream-hooks
+    python -m tests.vllm_tree.precommit --rev HEAD  # as committed
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def tools() -> Path:
             + ["--target", str(partial), "-r", str(REQUIREMENTS)],
             capture_output=True,
             text=True,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         )
         if proc.returncode != 0:
             raise RuntimeError(f"installing {REQUIREMENTS.name}: {proc.stderr[-2000:]}")
