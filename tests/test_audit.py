@@ -12,7 +12,7 @@ from tests.conftest import rocm_capture_writes_cpu_offsets, run_fresh
 from vllm_capture_guard.tools import harness as sc
 from vllm_capture_guard.tools.audit import command, run, schema
 from vllm_capture_guard.tools.audit import registry as audit_registry
-from vllm_capture_guard.tools.audit.build import MINIMAX_M3_INDEXER
+from vllm_capture_guard.tools.audit.later import MINIMAX_M3_INDEXER
 from vllm_capture_guard.tools.audit.schema import Severity, Verdict
 
 ROCM = ("ROCM_ATTN", "ROCM_AITER_UNIFIED_ATTN")

@@ -57,6 +57,12 @@ def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
     if as_json:  # keep stdout for the JSON: vLLM logs to stdout by default
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     use_version_cache()  # before vLLM is imported
+    try:
+        from vllm_capture_guard.tools.simulate import use_triton_interpreter
+
+        use_triton_interpreter()  # likewise
+    except ImportError:  # no torch: said below
+        pass
     broken = vllm_problem()
     if broken:
         return could_not_run("audit", broken, as_json)

@@ -32,6 +32,29 @@ def coverage_line(result: AuditResult) -> str:
     )
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{cause} {n}" for cause, n in counts.items()) or "none"
+
+
+def cause_lines(result: AuditResult) -> list[str]:
+    """The skips counted by cause, the captures that cannot run here, the
+    packages that would add backends, and what was simulated."""
+    out = [f"skipped by cause: {_counts(result.skipped_by_cause)}"]
+    if result.not_captured_by_cause:
+        out.append(
+            "built, capture cannot run here, by cause: "
+            + _counts(result.not_captured_by_cause)
+        )
+    for package, names in result.packages.items():
+        out.append(
+            f"missing package: installing {package} would let "
+            f"{', '.join(names)} be built here"
+        )
+    if result.simulated:
+        out.append("simulated (no GPU here): " + "; ".join(result.simulated))
+    return out
+
+
 def guard_line(result: AuditResult) -> str:
     """The guard line every command prints (``tools.guard.Story.line``)."""
     if result.guard_line:
@@ -137,7 +160,9 @@ def skipped_lines(skipped: list[BackendReport]) -> list[str]:
     share (``CUSTOM``) is shown once, with the registries it stands for."""
     grouped: dict[tuple[str, str | None], list[str]] = {}
     for b in skipped:
-        grouped.setdefault((b.name, b.reason), []).append(b.registry)
+        grouped.setdefault((b.name, _needs(b) + (b.reason or "")), []).append(
+            b.registry
+        )
     names = [name for name, _ in grouped]
     out = []
     for (name, reason), registries in grouped.items():
@@ -146,6 +171,10 @@ def skipped_lines(skipped: list[BackendReport]) -> list[str]:
             label += f" ({', '.join(registries)})"
         out.append(f"  {label}: skipped ({reason})")
     return out
+
+
+def _needs(b: BackendReport) -> str:
+    return f"[{b.cause}: {b.needs}] " if b.cause else ""
 
 
 def _backend_line(b: BackendReport) -> str:
@@ -164,7 +193,7 @@ def _backend_line(b: BackendReport) -> str:
     if seq:
         text += f"; {seq}"
     if raised and not b.captured:
-        text += f"; capture raised: {raised}"
+        text += f"; capture raised: {_needs(b)}{raised}"
     return text
 
 
@@ -188,7 +217,7 @@ def lines(result: AuditResult) -> list[str]:
     expected = expected_line(result)
     if expected:
         out.append(expected)
-    out += [coverage_line(result), verdict_line(result)]
+    out += [coverage_line(result), *cause_lines(result), verdict_line(result)]
     return out
 
 

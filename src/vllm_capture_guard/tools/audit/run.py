@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Running the audit: each backend's capture on shared runner buffers, then
-the *sequenced check*: for each later builder (by default the MiniMax-M3
-indexer, ``TRITON_ATTN`` and ``MAMBA2``), what it builds *after* this
-backend's capture must equal what it builds *alone* on the same batch.
+the *sequenced check*: for each later builder that the backend's family puts
+beside it (:mod:`.later`), what it builds *after* this backend's capture must
+equal what it builds *alone* on the same batch. The whole run answers for an
+MI300X where this host has no device (:mod:`vllm_capture_guard.tools.simulate`).
 
 Every capture goes through the harness
 (:func:`vllm_capture_guard.tools.harness.capture`); what a later builder
@@ -19,20 +20,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
 from vllm_capture_guard.tools import harness
-from vllm_capture_guard.tools.audit.build import (
-    MINIMAX_M3_INDEXER,
-    Configs,
-    Later,
-    Skip,
-    build_later,
-    build_subject,
-)
+from vllm_capture_guard.tools.audit.build import Configs, Skip, build_subject
+from vllm_capture_guard.tools.audit.causes import Cause
+from vllm_capture_guard.tools.audit.causes import classify as cause_of
+from vllm_capture_guard.tools.audit.later import BY_FAMILY, Later, applies, build_later
 from vllm_capture_guard.tools.audit.registry import Registered, registered_backends
 from vllm_capture_guard.tools.audit.schema import (
     SEVERITY,
@@ -50,8 +47,9 @@ from vllm_capture_guard.tools.audit.schema import (
 from vllm_capture_guard.tools.contract import CPU, DEVICE, Change, diff, encode
 from vllm_capture_guard.tools.harness import Batch
 
-#: Builders run after each audited capture, in their own KV-cache group.
-DEFAULT_LATER = (MINIMAX_M3_INDEXER, "TRITON_ATTN", "MAMBA2")
+#: Builders run after each audited capture, in their own KV-cache group,
+#: whatever the family (``run_audit(later=...)``); by default each family's.
+DEFAULT_LATER = None
 
 #: Capture batches: uniform decode, a padded tail of empty queries, and a
 #: speculative-decode verify batch (needs a config with one draft token).
@@ -151,6 +149,12 @@ def summarise(report: BackendReport) -> BackendReport:
         c.error is None for c in report.captures
     )
     levels = {s.verdict for s in report.sequenced}
+    why = report.reason
+    if why is None and report.status is Built.BUILT and not report.captured:
+        why = next((c.error for c in report.captures if c.error), None)
+    if why is not None:
+        cause, report.needs = cause_of(why)
+        report.cause = cause.value
     if not report.captured:
         report.verdict = Verdict.NOT_RUN
     elif levels & {Severity.FAILS, Severity.HOST}:
@@ -170,13 +174,18 @@ def audit_backend(
     later: Sequence[Later],
     alone: dict[tuple[str, str], LaterBuilt],
     batches: Sequence[Batch] = AUDIT_BATCHES,
+    explicit: bool = False,
 ) -> BackendReport:
     report = BackendReport(entry.registry, entry.name, Built.BUILT)
     try:
-        subject = build_subject(entry, configs, [b.speculative_tokens for b in batches])
+        subject = build_subject(
+            entry, configs, [b.speculative_tokens for b in batches], companions(later)
+        )
     except Skip as e:
         report.status, report.reason = Built.SKIPPED, str(e)
         return summarise(report)
+    report.family = subject.family
+    report.kv_cache_dtype = subject.kv_cache_dtype
     report.backend_class = _qualname(subject.backend)
     report.builder_class = _qualname(subject.builder_cls)
     report.spec = type(subject.spec).__name__
@@ -189,7 +198,7 @@ def audit_backend(
         report.captures.append(outcome)
         errors[batch.label()] = outcome.error
     for other in later:
-        if other.problem:
+        if other.problem or not _beside(other, subject.family, explicit):
             continue
         rows = [
             _check_batch(
@@ -210,15 +219,68 @@ def audit_backend(
     return summarise(report)
 
 
+def _count(reports: Iterable[BackendReport]) -> dict[str, int]:
+    found = [r.cause for r in reports if r.cause]
+    return {c.value: found.count(c.value) for c in Cause if c.value in found}
+
+
+def _packages(reports: Sequence[BackendReport]) -> dict[str, list[str]]:
+    """A missing pure-Python package -> the backends it stops here."""
+    out: dict[str, list[str]] = {}
+    for r in reports:
+        if r.cause == Cause.PACKAGE.value and r.needs:
+            out.setdefault(r.needs, []).append(r.name)
+    return out
+
+
+def _beside(other: Later, family: str, explicit: bool) -> bool:
+    """Is ``other`` run after a backend of ``family``? Every later builder
+    asked for by name is; by default, those its family puts beside it."""
+    return explicit or other.name in BY_FAMILY.get(family, ())
+
+
+def companions(later: Sequence[Later]) -> dict[str, list[Any]]:
+    """Per family, the backends of its later builders (their KV-cache groups
+    share the block size the runner picks)."""
+    found: dict[str, list[Any]] = {}
+    for other in later:
+        if other.backend is not None and other.name in BY_FAMILY.get(other.family, ()):
+            found.setdefault(other.family, []).append(other.backend)
+    return found
+
+
+def later_names(later: Sequence[str] | None) -> list[str]:
+    if later is not None:
+        return list(later)
+    names = [n for family in BY_FAMILY.values() for n in family]
+    return [n for n in dict.fromkeys(names) if applies(n)]
+
+
 def run_audit(
     names: Sequence[str] | None = None,
-    later: Sequence[str] = DEFAULT_LATER,
+    later: Sequence[str] | None = DEFAULT_LATER,
     batches: Sequence[Batch] = AUDIT_BATCHES,
     guard_mode: str = "?",
     progress: Callable[[str], None] | None = None,
 ) -> AuditResult:
     """Audit vLLM as this process sees it (patched or not): every registered
-    backend, or those in ``names``."""
+    backend, or those in ``names``, with the device simulated where this host
+    has none."""
+    from vllm_capture_guard.tools.simulate import simulated_device
+
+    with simulated_device() as sim:
+        result = _run_audit(names, later, batches, guard_mode, progress)
+    result.simulated = sim.lines()
+    return result
+
+
+def _run_audit(
+    names: Sequence[str] | None,
+    later: Sequence[str] | None,
+    batches: Sequence[Batch],
+    guard_mode: str,
+    progress: Callable[[str], None] | None,
+) -> AuditResult:
     from vllm_capture_guard.runtime.plugin import report, vllm_version
 
     t0 = time.perf_counter()
@@ -228,7 +290,8 @@ def run_audit(
     if names:
         wanted = {n.upper() for n in names}
         entries = [e for e in entries if e.name.upper() in wanted]
-    built_later = [build_later(n, configs, spec_tokens) for n in later]
+    explicit = later is not None
+    built_later = [build_later(n, configs, spec_tokens) for n in later_names(later)]
     alone: dict[tuple[str, str], LaterBuilt] = {}
     for other in built_later:
         if other.problem:
@@ -241,7 +304,9 @@ def run_audit(
     for entry in entries:
         if progress:
             progress(entry.name)
-        reports.append(audit_backend(entry, configs, built_later, alone, batches))
+        reports.append(
+            audit_backend(entry, configs, built_later, alone, batches, explicit)
+        )
     t2 = time.perf_counter()
     guard = report()
     spec = max(spec_tokens, default=0)
@@ -254,6 +319,11 @@ def run_audit(
             f"{'s' if spec > 1 else ''}), to capture a speculative verify batch"
         )
     return AuditResult(
+        skipped_by_cause=_count(r for r in reports if r.status is Built.SKIPPED),
+        not_captured_by_cause=_count(
+            r for r in reports if r.status is Built.BUILT and not r.captured
+        ),
+        packages=_packages(reports),
         vllm=vllm_version(),
         guard_mode=guard_mode,
         guard=None if guard is None else guard.message,
@@ -262,7 +332,7 @@ def run_audit(
         captured=sum(b.captured for b in reports),
         cpu_writers=[b.name for b in reports if b.cpu_writes],
         batches=[b.label() for b in batches],
-        later=[LaterBuilder(s.name, s.problem) for s in built_later],
+        later=[LaterBuilder(s.name, s.problem, s.family) for s in built_later],
         timings={
             "configs_s": round(configs.time_spent, 3),
             "setup_s": round(t1 - t0, 3),

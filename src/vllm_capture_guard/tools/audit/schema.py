@@ -101,6 +101,13 @@ class BackendReport:
     spec: str | None = None
     spec_source: str | None = None
     cudagraph_support: str | None = None
+    #: The tiny model whose layer it was built from, and its KV-cache dtype.
+    family: str | None = None
+    kv_cache_dtype: str | None = None
+    #: Why it was not built, or its capture could not run here: the cause
+    #: (``causes.Cause``) and what it needs.
+    cause: str | None = None
+    needs: str | None = None
     captures: list[CaptureOutcome] = dataclasses.field(default_factory=list)
     sequenced: list[Sequenced] = dataclasses.field(default_factory=list)
     # Summaries of the above, set once by the run (``audit.run.summarise``).
@@ -120,6 +127,8 @@ class BackendReport:
 class LaterBuilder:
     name: str
     problem: str | None = None
+    #: The family whose model puts it beside the audited backend.
+    family: str | None = None
 
 
 @dataclasses.dataclass
@@ -141,6 +150,15 @@ class AuditResult:
     guard_warnings: list[str] = dataclasses.field(default_factory=list)
     #: Why the audit's config enables speculative decoding, if it does.
     speculative_note: str | None = None
+    #: What this host could not answer and the audit answered for an MI300X
+    #: (``tools.simulate``), one line each.
+    simulated: list[str] = dataclasses.field(default_factory=list)
+    #: Backends not built here, counted by cause; built ones whose capture
+    #: cannot run here, likewise.
+    skipped_by_cause: dict[str, int] = dataclasses.field(default_factory=dict)
+    not_captured_by_cause: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: A pure-Python package missing here -> the backends it would let build.
+    packages: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
 
 def to_json(result: AuditResult) -> dict[str, Any]:

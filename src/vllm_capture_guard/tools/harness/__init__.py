@@ -2,7 +2,9 @@
 """The capture harness: vLLM's real builders driven the way the model runner
 drives them during full CUDA-graph capture, with no Hub, network or GPU.
 
-``model``   a real ``VllmConfig`` for a tiny MiniMax-M3, real builders;
+``models``  tiny model configs, one per attention family (MiniMax-M3,
+            DeepSeek-V3, -V3.2, -V4, -V4.1), written at run time;
+``model``   a real ``VllmConfig`` for one of them, real builders;
 ``runner``  batches as data and the runner's persistent buffers;
 ``capture`` the one harness (shared metadata, per-group shallow copies);
 ``seed``    the seed scenario (a patched backend, then MiniMax-M3's indexer).
@@ -21,15 +23,16 @@ from vllm_capture_guard.tools.harness.model import (
     BLOCK_SIZE,
     HEAD_SIZE,
     INDEXER_LAYER,
-    TINY_MINIMAX_M3,
     attention_builder,
     backend_class,
     group_builder,
     indexer_builder,
     make_builder,
     make_vllm_config,
+    model_config,
     write_tiny_model,
 )
+from vllm_capture_guard.tools.harness.models import TINY_MINIMAX_M3, write_model
 from vllm_capture_guard.tools.harness.runner import (
     DEFAULT_BATCHES,
     Batch,
@@ -64,8 +67,10 @@ __all__ = [
     "indexer_builder",
     "make_builder",
     "make_vllm_config",
+    "model_config",
     "run_capture",
     "seed_backends",
     "shared_metadata",
+    "write_model",
     "write_tiny_model",
 ]

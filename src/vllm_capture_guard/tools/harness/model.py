@@ -1,71 +1,36 @@
 # SPDX-License-Identifier: Apache-2.0
 """A real ``VllmConfig`` and real builders, with no Hub, network or GPU.
 
-:func:`make_vllm_config` builds a ``VllmConfig`` for a tiny MiniMax-M3 whose
-``config.json`` we write (:data:`TINY_MINIMAX_M3`; no weights exist or are
-needed to build metadata) and initialises vLLM's distributed state for one
+:func:`make_vllm_config` builds a ``VllmConfig`` for a tiny model whose
+``config.json`` we write (:mod:`.models`: MiniMax-M3 by default; no weights
+exist or are needed to build metadata) and initialises vLLM's distributed state for one
 process (gloo), as a worker would.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import socket
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-#: Block size shared by both groups; the indexer's kernels want 128.
-BLOCK_SIZE = 128
-HEAD_SIZE = 128
+from vllm_capture_guard.tools.harness.models import (
+    BLOCK_SIZE,
+    HEAD_SIZE,
+    MINIMAX_M3,
+    write_model,
+)
+
 ATTN_LAYER = "model.layers.0.self_attn.attn"
 INDEXER_LAYER = "model.layers.1.self_attn.indexer.index_cache"
-
-TINY_MINIMAX_M3: dict[str, Any] = {
-    "architectures": ["MiniMaxM3SparseForConditionalGeneration"],
-    "model_type": "minimax_m3_vl",
-    "torch_dtype": "bfloat16",
-    "text_config": {
-        "model_type": "minimax_m3_text",
-        "vocab_size": 1024,
-        "hidden_size": 256,
-        "intermediate_size": 128,
-        "dense_intermediate_size": 256,
-        "shared_intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 1,
-        "head_dim": HEAD_SIZE,
-        "max_position_embeddings": 4096,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_layer_freq": [0, 1],
-        "sparse_attention_config": {
-            "use_sparse_attention": True,
-            "sparse_index_dim": HEAD_SIZE,
-            "sparse_num_index_heads": 4,
-            "sparse_topk_blocks": 4,
-            "sparse_block_size": BLOCK_SIZE,
-            "sparse_disable_index_value": [0, 1],
-            "sparse_score_type": "max",
-            "sparse_init_block": 0,
-            "sparse_local_block": 1,
-            "sparse_attention_freq": [0, 1],
-        },
-    },
-}
 
 
 def write_tiny_model(directory: str | os.PathLike | None = None) -> Path:
     """Write :data:`TINY_MINIMAX_M3` as ``config.json``; return the folder."""
-    path = Path(directory or tempfile.mkdtemp(prefix="capture-guard-model-"))
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(TINY_MINIMAX_M3, indent=2))
-    return path
+    return write_model(MINIMAX_M3, directory)
 
 
 def _free_port() -> int:
@@ -74,13 +39,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@functools.lru_cache(maxsize=1)
-def _model_config() -> Any:
+@functools.lru_cache(maxsize=8)
+def model_config(family: str = MINIMAX_M3) -> Any:
+    """vLLM's ``ModelConfig`` of ``family``'s tiny config (cached)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.config import ModelConfig
 
     return ModelConfig(
-        model=str(write_tiny_model()),
+        model=str(write_model(family)),
         skip_tokenizer_init=True,
         max_model_len=4096,
         dtype="bfloat16",
@@ -104,11 +70,29 @@ def _ensure_distributed(vllm_config: Any) -> None:
             ps.initialize_model_parallel(1, 1)
 
 
-@functools.lru_cache(maxsize=8)
+def _ensure_workspace(device: str) -> None:
+    """vLLM's workspace manager on ``device``, set up once per process, as
+    the GPU worker sets it up before it makes the model (sparse MLA layers
+    reserve their scratch there); releases without one skip this."""
+    try:
+        from vllm.v1.worker import workspace
+    except ImportError:
+        return
+    if not workspace.is_workspace_manager_initialized():
+        workspace.init_workspace_manager(torch.device(device))
+
+
+@functools.lru_cache(maxsize=32)
 def make_vllm_config(
-    num_speculative_tokens: int = 0, device: str = "cpu", graphs: bool = False
+    num_speculative_tokens: int = 0,
+    device: str = "cpu",
+    graphs: bool = False,
+    family: str = MINIMAX_M3,
+    kv_cache_dtype: str = "auto",
 ) -> Any:
-    """A real ``VllmConfig`` for the tiny MiniMax-M3 (cached per process).
+    """A real ``VllmConfig`` for a tiny model (cached per process): the
+    MiniMax-M3 by default, or another ``family`` of :mod:`.models`, with the
+    KV cache in ``kv_cache_dtype``.
 
     Speculative decoding is enabled only when ``num_speculative_tokens`` is
     given (a speculative verify batch has a query length above 1). It uses
@@ -125,7 +109,7 @@ def make_vllm_config(
         VllmConfig,
     )
 
-    model_config = _model_config()
+    model = model_config(family)
     speculative = None
     if num_speculative_tokens:
         speculative = SpeculativeConfig(
@@ -133,12 +117,12 @@ def make_vllm_config(
             num_speculative_tokens=num_speculative_tokens,
             prompt_lookup_max=3,
             prompt_lookup_min=1,
-            target_model_config=model_config,
+            target_model_config=model,
             target_parallel_config=ParallelConfig(),
         )
     config = VllmConfig(
-        model_config=model_config,
-        cache_config=CacheConfig(block_size=BLOCK_SIZE),
+        model_config=model,
+        cache_config=CacheConfig(block_size=BLOCK_SIZE, cache_dtype=kv_cache_dtype),
         device_config=DeviceConfig(device=device),
         speculative_config=speculative,
     )
@@ -147,6 +131,7 @@ def make_vllm_config(
 
         graph_config(config)
     _ensure_distributed(config)
+    _ensure_workspace(device)
     return config
 
 
@@ -204,14 +189,15 @@ def attention_builder(backend: str, vllm_config: Any, device: str = "cpu") -> An
     return group_builder(backend_class(backend), spec, vllm_config, ATTN_LAYER, device)
 
 
-def indexer_builder(vllm_config: Any, device: str = "cpu") -> Any:
+def indexer_builder(vllm_config: Any, device: str = "cpu", backend: Any = None) -> Any:
     """MiniMax-M3's lightning-indexer builder, as vLLM makes it for its
-    backend (the second KV-cache group)."""
+    backend (the second KV-cache group); ``backend``: another indexer backend
+    of the same cache (the ROCm path's own, where a release has one)."""
     from vllm.models.minimax_m3.common.indexer import MiniMaxM3IndexerBackend
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
     spec = MLAAttentionSpec(
         block_size=BLOCK_SIZE, num_kv_heads=1, head_size=HEAD_SIZE, dtype=torch.bfloat16
     )
-    backend = MiniMaxM3IndexerBackend
+    backend = backend or MiniMaxM3IndexerBackend
     return group_builder(backend, spec, vllm_config, INDEXER_LAYER, device, 1)

@@ -73,16 +73,24 @@ def record_backends() -> dict[str, Any]:
     the audit's batches, recorded as :func:`record_case` records (one group
     each), with the plugins loaded as a worker loads them. Two such records,
     guard off and on, compared by :func:`..compare.compare`, show whether the
-    guard changes what any capture does."""
+    guard changes what any capture does. The device is simulated as the
+    audit simulates it."""
+    from vllm_capture_guard.tools.guard import load_plugins_as_worker
+    from vllm_capture_guard.tools.simulate import simulated_device
+
+    load_plugins_as_worker()
+    with simulated_device():
+        return _record_backends()
+
+
+def _record_backends() -> dict[str, Any]:
     import torch
 
     from vllm_capture_guard.runtime import plugin
     from vllm_capture_guard.tools.audit.build import Configs, Skip, build_subject
     from vllm_capture_guard.tools.audit.registry import registered_backends
     from vllm_capture_guard.tools.audit.run import AUDIT_BATCHES, _batches_for
-    from vllm_capture_guard.tools.guard import load_plugins_as_worker
 
-    load_plugins_as_worker()
     # Workspaces a builder allocates and never writes hold whatever the memory
     # held; torch fills them (NaN, or the largest integer) so that two runs
     # compare. warn_only: an op without a deterministic kernel still runs.
