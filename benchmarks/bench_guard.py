@@ -82,7 +82,7 @@ class Clock:
     capture's own, on the calling thread."""
 
     def __init__(self) -> None:
-        from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as g
+        from vllm_capture_guard.runtime import guard as g
 
         self.guard = self.capture = 0.0
         self.calls = 0
@@ -139,7 +139,7 @@ def start_ups(clock: Clock) -> tuple[list, list]:
 
 def hot_path_identity() -> list[tuple[str, bool]]:
     """``build`` of each ROCm backend's builder: vLLM's own function?"""
-    from vllm_capture_guard.runtime.patches import original_of
+    from vllm_capture_guard.runtime.base import original_of
     from vllm_capture_guard.tools import harness as sc
 
     found = []

@@ -6,7 +6,9 @@
 #   scripts/gpu-tier.sh prepare [DEST]    here, with a package registry: builds
 #       DEST (default: .gpu/ in the repo root, ignored by git), under 64 MiB:
 #         vllm-py-<V>.tar.gz  vLLM <V>'s pure-Python files and its .dist-info
-#                             (no compiled extensions) from the pinned wheel
+#                             (no compiled extensions) from the pinned wheel;
+#                             also for each release in OTHER_VERSIONS (the
+#                             serving benchmark's other tree)
 #         wheels/             cp312 wheels of requirements/gpu-tier.txt
 #         meta/               .dist-info folders: this package's entry point
 #                             (vllm.general_plugins: capture_guard) and the
@@ -16,11 +18,17 @@
 #       CUDA build of torch), from a copy of the checkout with .gpu/: installs
 #       DEST into /tmp, runs pytest tests/gpu in one process, and writes
 #       $OUT (default .gpu/out)/gpu-results.json, gpu-results.md, gpu-tier.log.
+#       GPU_TIER_TESTS picks a part of tests/gpu (default: all of it).
+#       With GPU_TIER_MUTATIONS=1 it then runs the tests that must catch a
+#       broken guard against one (tests/gpu/conftest.py, GPU_TIER_MUTATE) and
+#       adds what they said to the results (gpu-mutations.log).
 # Then:
 #   scripts/render-gpu-results.py .gpu/out/gpu-results.json > docs/gpu-results.md
 #
 # VLLM_VERSION (default 0.28.0) picks the release; VLLM_WHEEL_DIR (default
-# /tmp/wheels) is searched for its wheel before PyPI.
+# /tmp/wheels) is searched for its wheel before PyPI. OTHER_VERSIONS (default
+# 0.33.0) are unpacked on the GPU host as trees of their own, named to the
+# tests by GPU_TIER_VLLM_TREES (tests/gpu/test_serving_loop.py).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cmd=${1:?usage: gpu-tier.sh prepare|run [DEST]}
@@ -29,32 +37,28 @@ if [[ -z ${2:-} && -d $root/../wheels ]]; then
   dest=$(cd "$root/.." && pwd) # this copy is DEST/repo/scripts/gpu-tier.sh
 fi
 version=${VLLM_VERSION:-0.28.0}
+others=${OTHER_VERSIONS-0.33.0}
 PLATFORMS=(--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
   --platform manylinux_2_24_x86_64 --platform manylinux_2_27_x86_64
   --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64
   --platform manylinux_2_34_x86_64 --platform manylinux_2_35_x86_64
   --platform manylinux1_x86_64)
 
-prepare() {
-  local python=${PYTHON:-python3}
-  mkdir -p "$dest" && dest=$(cd "$dest" && pwd)
-  mkdir -p "$dest/wheels" "$dest/meta"
-
-  # 1. vLLM's Python files + .dist-info (without it vLLM cannot read its own
-  #    version and replaces Triton by placeholders).
-  local bundle="$dest/vllm-py-$version.tar.gz"
-  if [[ ! -s $bundle ]]; then
-    local wheel
-    wheel=$(ls "${VLLM_WHEEL_DIR:-/tmp/wheels}"/vllm-"$version"-*.whl 2>/dev/null | head -1 || true)
-    if [[ -z $wheel ]]; then
-      mkdir -p "$dest/.cache"
-      "$python" -m pip download -q --no-deps --only-binary=:all: \
-        --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
-        -d "$dest/.cache" "vllm==$version"
-      wheel=$(ls "$dest"/.cache/vllm-"$version"-*.whl | head -1)
-    fi
-    "$python" - "$wheel" "$bundle" <<'PY'
-import io, sys, tarfile, zipfile
+bundle() {
+  local python=$1 v=$2
+  local out="$dest/vllm-py-$v.tar.gz"
+  [[ -s $out ]] && return 0
+  local wheel
+  wheel=$(ls "${VLLM_WHEEL_DIR:-/tmp/wheels}"/vllm-"$v"-*.whl 2>/dev/null | head -1 || true)
+  if [[ -z $wheel ]]; then
+    mkdir -p "$dest/.cache"
+    "$python" -m pip download -q --no-deps --only-binary=:all: \
+      --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
+      -d "$dest/.cache" "vllm==$v"
+    wheel=$(ls "$dest"/.cache/vllm-"$v"-*.whl | head -1)
+  fi
+  "$python" - "$wheel" "$out" <<'PY'
+import io, os, sys, tarfile, zipfile
 wheel, bundle = sys.argv[1:]
 keep_meta = ("METADATA", "WHEEL", "entry_points.txt", "top_level.txt", "LICENSE")
 n = 0
@@ -74,11 +78,22 @@ with zipfile.ZipFile(wheel) as z, tarfile.open(bundle + ".part", "w:gz") as tar:
         member.mode = 0o644
         tar.addfile(member, io.BytesIO(data))
         n += 1
-import os
 os.replace(bundle + ".part", bundle)
 print(f"vllm bundle: {n} files from {os.path.basename(wheel)}")
 PY
-  fi
+}
+
+prepare() {
+  local python=${PYTHON:-python3}
+  mkdir -p "$dest" && dest=$(cd "$dest" && pwd)
+  mkdir -p "$dest/wheels" "$dest/meta"
+
+  # 1. vLLM's Python files + .dist-info (without it vLLM cannot read its own
+  #    version and replaces Triton by placeholders), for each release.
+  local v
+  for v in $version $others; do
+    bundle "$python" "$v"
+  done
 
   # 2. cp312 wheels the machine lacks (pip matches platform tags exactly).
   "$python" -m pip download -q --no-deps --only-binary=:all: \
@@ -129,7 +144,7 @@ PY
   local size
   size=$(du -sm "$dest" | cut -f1)
   echo "prepared $dest (${size} MiB): $(ls "$dest/wheels" | wc -l) wheels," \
-    "$(basename "$bundle"), meta: $(ls "$dest/meta" | tr '\n' ' ')"
+    "$(cd "$dest" && ls vllm-py-*.tar.gz | tr '\n' ' ')meta: $(ls "$dest/meta" | tr '\n' ' ')"
   if ((size > 60)); then
     echo "error: $dest is over 60 MiB; keep it small enough to copy to the GPU host" >&2
     exit 1
@@ -143,7 +158,16 @@ run() {
   rm -rf "$site" && mkdir -p "$site"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target "$site" "$dest"/wheels/*.whl
-  tar -xzf "$dest"/vllm-py-*.tar.gz -C "$site"
+  tar -xzf "$dest/vllm-py-$version.tar.gz" -C "$site"
+  local trees=/tmp/gpu-tier-trees v
+  rm -rf "$trees"
+  for v in $others; do
+    if [[ -s $dest/vllm-py-$v.tar.gz ]]; then
+      mkdir -p "$trees/vllm-$v"
+      tar -xzf "$dest/vllm-py-$v.tar.gz" -C "$trees/vllm-$v"
+    fi
+  done
+  export GPU_TIER_VLLM_TREES=$trees
   export PYTHONPATH="$site:$dest/meta:$dest/repo/src:$dest/repo"
   export VLLM_CAPTURE_GUARD=on HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
   export GPU_TIER_RESULTS="$out/gpu-results.json"
@@ -151,11 +175,15 @@ run() {
   export GPU_TIER_COMMIT
   nvidia-smi -L 2>/dev/null || true
   local rc=0
-  (cd "$dest/repo" && python3 -m pytest tests/gpu -v -p no:cacheprovider) \
+  # shellcheck disable=SC2086 # GPU_TIER_TESTS: words (a selection of tests/gpu)
+  (cd "$dest/repo" && python3 -m pytest ${GPU_TIER_TESTS:-tests/gpu} -v -p no:cacheprovider) \
     >"$out/gpu-tier.log" 2>&1 || rc=$?
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|error" "$out/gpu-tier.log" |
     grep -v "^INFO\|^WARNING\|^DEBUG" || true
   ((rc == 0)) || tail -n 120 "$out/gpu-tier.log"
+  if [[ -n ${GPU_TIER_MUTATIONS:-} ]]; then
+    mutations "$out"
+  fi
   if [[ -s $GPU_TIER_RESULTS ]]; then
     python3 - "$GPU_TIER_RESULTS" $((SECONDS - t0)) <<'PY'
 import json, sys
@@ -169,6 +197,32 @@ PY
   fi
   echo "gpu-tier: pytest exit $rc, $((SECONDS - t0)) s"
   return $rc
+}
+
+# Each mutation of the guard, and the tests that must fail against it.
+MUTATIONS=(
+  "unfollowed tests/gpu/test_pinned_async_copies.py"
+  "always-wait tests/gpu/test_guard_cost.py -k dummy"
+)
+
+mutations() {
+  local out=$1 line name tests summary
+  : >"$out/gpu-mutations.log"
+  for line in "${MUTATIONS[@]}"; do
+    read -r name tests <<<"$line"
+    # shellcheck disable=SC2086 # the test selection is words
+    summary=$(cd "$dest/repo" && GPU_TIER_MUTATE=$name GPU_TIER_RESULTS= \
+      python3 -m pytest $tests -q -p no:cacheprovider 2>&1 |
+      tee -a "$out/gpu-mutations.log" | tail -n 1 || true)
+    echo "mutation $name: $tests: $summary"
+    python3 - "$GPU_TIER_RESULTS" "$name" "$tests" "$summary" <<'PY'
+import json, sys
+path, name, tests, summary = sys.argv[1:]
+data = json.load(open(path))
+data.setdefault("mutations", {})[name] = {"tests": tests, "pytest": summary}
+json.dump(data, open(path, "w"), indent=1)
+PY
+  done
 }
 
 case $cmd in

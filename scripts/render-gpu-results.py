@@ -99,10 +99,35 @@ def render(data: dict) -> str:
             f"| {not c['control_within_tolerance']} |"
         )
     lines += _cost(data.get("cost"))
+    lines += _serving(data.get("serving_loop"))
     lines += _async_copies(data.get("async_copies"))
     lines += _host_by_device(data.get("host_by_device"))
     lines += _capture_stream(data.get("capture_stream"))
+    lines += _mutations(data.get("mutations"))
     return "\n".join(lines) + "\n"
+
+
+def _mutations(found: dict | None) -> list[str]:
+    """The tier run again against a broken guard (GPU_TIER_MUTATIONS=1)."""
+    if not found:
+        return []
+    lines = [
+        "",
+        "## Against a broken guard",
+        "",
+        "The tests that must catch each mutation (`GPU_TIER_MUTATE`), run again",
+        "after the tier; pytest's last line:",
+        "",
+    ]
+    what = {
+        "unfollowed": "follows no copy, so waits for none",
+        "always-wait": "waits for the stream after every capture",
+    }
+    for name, run in found.items():
+        lines.append(
+            f"- `{name}` ({what.get(name, name)}): `{run['tests']}`: {run['pytest']}"
+        )
+    return lines
 
 
 def _cost(found: dict | None) -> list[str]:
@@ -122,28 +147,81 @@ def _cost(found: dict | None) -> list[str]:
     for backend, one in (run.get("per_start_up") or {}).items():
         lines.append(
             f"- one start-up with {backend} (its {one['calls']} guarded captures): "
-            f"{one['ms']:.2f} ms, waiting {one['wait']:.2f} ms; its captures "
-            f"{one['captures_s'] * 1e3:.0f} ms"
+            f"{one['ms']:.2f} ms, waiting {one['wait']:.2f} ms, following the "
+            f"copies {one.get('follow', 0):.2f} ms; its captures "
+            f"{one['captures_s'] * 1e3:.1f} ms"
         )
     lines.append(
-        f"- where it goes: saving {run['save']:.2f} ms, waiting {run['wait']:.2f} "
-        f"ms, comparing {run['compare']:.2f} ms, putting back "
-        f"{run['put_back']:.2f} ms"
+        f"- where it goes: saving {run['save']:.2f} ms, following the copies "
+        f"{run.get('follow', 0):.2f} ms, waiting {run['wait']:.2f} ms, comparing "
+        f"{run['compare']:.2f} ms, putting back {run['put_back']:.2f} ms "
+        "(following: the captures' wall time with it, less without it, the "
+        "least of three runs each)"
     )
     if "python_loop_ms" in run:  # the guard's work is Python: hosts differ
         lines.append(
             f"- this host's speed: a fixed loop of 10^6 Python iterations took "
             f"{run['python_loop_ms']:.0f} ms"
         )
-    dummy = found.get("dummy_batch")
-    if dummy:
+    for backend, dummy in (found.get("dummy_batch") or {}).items():
         lines.append(
-            f"- one serving-time dummy batch behind a forward pass in flight: "
-            f"{dummy['ms'] * 1e3:.0f} µs over {dummy['calls']} guarded captures, "
-            f"waiting {dummy['wait'] * 1e3:.0f} µs of it (the forward in flight ran "
-            f"{dummy['forward_ms']:.1f} ms; the stream runs the capture's copies "
-            "after it)"
+            f"- one serving-time dummy batch with {backend} behind a forward pass "
+            f"in flight ({dummy['forward_ms']:.1f} ms): {dummy['ms'] * 1e3:.0f} µs "
+            f"over {dummy['calls']} guarded captures, waiting "
+            f"{dummy['wait'] * 1e3:.0f} µs; the guard returned while the forward "
+            f"was still running: {dummy['returned_in_flight']}"
         )
+    return lines
+
+
+def _serving(found: dict | None) -> list[str]:
+    """An idle data-parallel rank's engine steps (tests/gpu/test_serving_loop.py)."""
+    if not found:
+        return []
+    lines = ["", "## The serving path", ""]
+    old = found.get("0.28.0") or {}
+    if "ratio" in old:
+        r, fwd = old["ratio"], old["plugin"]["forward_ms"]
+        lines += [
+            f"serving loop: plugin/in-tree {r['ROCM_ATTN']['0.5']:.3f} at a 0.5 ms "
+            f"tail (ROCM_ATTN), {r['ROCM_AITER_UNIFIED_ATTN']['0.5']:.3f} "
+            f"(ROCM_AITER_UNIFIED_ATTN); forward {fwd:g} ms",
+            "",
+        ]
+    lines += [
+        "An idle data-parallel rank's engine step: the runner's refill of the",
+        "offsets, every group's capture (the ROCm builder, then MiniMax-M3's",
+        "indexer) behind the previous forward still running, a CPU tail, then",
+        "the forward; the CPU at most one step ahead. Mean step time in ms",
+        "(each configuration in its own interpreter, one after the other).",
+        "",
+        "| vLLM | backend | CPU tail | without the plugin | plugin | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for version, base in (("0.28.0", "in-tree"), ("0.33.0", "stock")):
+        one = found.get(version) or {}
+        if "skipped" in one:
+            lines.append(f"| {version} | not run: {one['skipped']} | | | | |")
+            continue
+        if "ratio" not in one:
+            continue
+        for backend, ratios in one["ratio"].items():
+            for tail, ratio in ratios.items():
+                a = one[base]["runs"][backend][tail]["mean_ms"]
+                b = one["plugin"]["runs"][backend][tail]["mean_ms"]
+                lines.append(
+                    f"| {version} | {backend} | {tail} ms | {a:.2f} ({base}) "
+                    f"| {b:.2f} | {ratio:.3f} |"
+                )
+    for version in ("0.28.0", "0.33.0"):
+        plugin = (found.get(version) or {}).get("plugin") or {}
+        for backend, runs in (plugin.get("runs") or {}).items():
+            phases = runs.get("guard_phases_ms") or {}
+            lines.append(
+                f"- {version}, {backend}: the guard over 10 more steps "
+                f"({runs.get('guard_calls')} guarded captures) waited "
+                f"{phases.get('wait', 0):.3f} ms"
+            )
     return lines
 
 
@@ -163,23 +241,29 @@ def _async_copies(found: dict | None) -> list[str]:
         "offsets between pinned host memory and the device with",
         "`non_blocking=True` behind a busy stream; each row: the offsets once",
         "the GPU is done, without and with the guard (the batch's offsets are",
-        "0..8).",
+        "0..8; the capture zeroes the host offsets or copies zeros into them).",
         "",
         "| case | without the guard | with the guard |",
         "|---|---|---|",
     ]
-    rows = [("host to device", found.get("host_to_device")),
-            ("device to host", found.get("device_to_host"))]  # fmt: skip
     side = found.get("side_streams") or {}
-    rows += [
+    unseen = found.get("unseen_copies") or {}
+    rows = [
+        ("host to device (`copy_`)", found.get("host_to_device")),
+        ("device to host (`copy_`)", found.get("device_to_host")),
+        ("host to device (`.to(device)`)", found.get("to_device")),
         ("side stream, joined to the current one", side.get("joined")),
-        ("side stream left running, to the device (not covered)",
-         side.get("left_running_to_device")),
-        ("side stream left running, to the host (not covered; logged as no write)",
-         side.get("left_running_to_host")),
+        ("side stream left running, to the device", side.get("left_running_to_device")),
+        ("side stream left running, to the host", side.get("left_running_to_host")),
+        ("a Triton kernel given the host offsets (unseen: waits for the stream)",
+         unseen.get("VendorKernelOnHost")),
+        ("a device view of the host offsets (unseen: waits for the stream)",
+         unseen.get("VendorHostView")),
     ]  # fmt: skip
     for name, pair in rows:
-        if pair:
+        if pair and "skipped" in pair:
+            lines.append(f"| {name} | not run: {pair['skipped']} | |")
+        elif pair:
             lines.append(
                 f"| {name} | {_outcome(pair['unguarded'])} "
                 f"| {_outcome(pair['guarded'])} |"

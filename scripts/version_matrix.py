@@ -77,9 +77,8 @@ def facts() -> dict:
     """What the guard finds and does on the vLLM of this interpreter."""
     import vllm.plugins
 
-    from vllm_capture_guard.runtime import plugin, switch
+    from vllm_capture_guard.runtime import guard, plugin, switch
     from vllm_capture_guard.runtime.patches import PATCHES
-    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as guard
     from vllm_capture_guard.tools import static
     from vllm_capture_guard.tools.check import run_seed
     from vllm_capture_guard.tools.harness import seed_backends

@@ -9,11 +9,13 @@ pinned memory (``RunnerBuffers``, as vLLM's ``CpuGpuBuffer``). Each case's
 builder is a class derived from vLLM's ``AttentionMetadataBuilder`` with a
 ``build_for_cudagraph_capture`` of its own, made while the guard is loaded,
 so the guard watches it as it watches a vendor's. Its capture moves the
-offsets between host and device with ``non_blocking=True`` copies behind a
-busy stream (``torch.cuda._sleep``), so the copy engine reads or writes the
-pinned memory well after the capture returns: the unguarded order is
-deterministic, and a guard that compares or puts back before the copy has
-run gets it wrong.
+offsets between host and device behind a busy stream (``torch.cuda._sleep``):
+with ``non_blocking=True`` copies (``copy_``, ``.to``), on the current stream
+or a side stream, through a Triton kernel given the pinned host tensor, or
+through a device tensor over the pinned memory. The copy engine or the
+kernel reads or writes the pinned memory well after the capture returns, so
+the unguarded order is deterministic, and a guard that compares or puts back
+before the copy has run gets it wrong.
 
 Each case runs unguarded (vLLM's call of that capture, the guard's wrapper
 taken off) and guarded, on fresh buffers, and returns what the device and
@@ -55,9 +57,10 @@ def offsets() -> list[int]:
 ZEROS = [0] * (REQS + 1)
 
 
-def _shared() -> tuple[Any, Any]:
+def _shared(view: bool = False) -> tuple[Any, Any]:
     """Runner buffers (device on the GPU, host pinned) holding a batch, and
-    one metadata of views of them."""
+    one metadata of views of them; with ``view``, also a device tensor over
+    the pinned host offsets (``query_start_loc_view``)."""
     from vllm_capture_guard.tools import harness as sc
 
     buffers = sc.RunnerBuffers(max_reqs=REQS, device="cuda")
@@ -65,7 +68,12 @@ def _shared() -> tuple[Any, Any]:
     batch = sc.Batch(REQS)
     buffers.fill(batch)
     torch.cuda.synchronize()
-    return buffers, buffers.common_metadata(batch)
+    shared = buffers.common_metadata(batch)
+    if view:
+        shared.__dict__["query_start_loc_view"] = _device_view(
+            shared.query_start_loc_cpu
+        )
+    return buffers, shared
 
 
 @contextlib.contextmanager
@@ -138,18 +146,21 @@ def builder(name: str, capture: Callable[[Any, Any], Any]) -> Any:
     return type(name, (AttentionMetadataBuilder,), namespace)()
 
 
-def run(made: Any, guarded: bool, inside_graph: bool = False) -> tuple[Outcome, Any]:
+def run(
+    made: Any, guarded: bool, inside_graph: bool = False, view: bool = False
+) -> tuple[Outcome, Any]:
     """``made``'s capture on a fresh shared metadata (a per-group shallow
     copy, as the runner gives it), guarded or not; with ``inside_graph``,
-    inside an active CUDA graph capture, whose graph is returned."""
-    from vllm_capture_guard.runtime.patches import is_guarded, original_of
+    inside an active CUDA graph capture, whose graph is returned; ``view``:
+    see :func:`_shared`."""
+    from vllm_capture_guard.runtime.base import is_guarded, original_of
 
     own = type(made).__dict__[METHOD]
     assert is_guarded(own), "the guard does not watch this builder class"
     call = (lambda cm: made.build_for_cudagraph_capture(cm)) if guarded else (
         lambda cm: original_of(own)(made, cm)
     )  # fmt: skip
-    buffers, shared = _shared()
+    buffers, shared = _shared(view)
     graph = None
     with _lines(type(made).__name__) as log:
         if inside_graph:
@@ -241,6 +252,74 @@ def captured_d2h(self, cm):  # noqa: ANN001, ANN201
     _zeros_to_host(cm)
 
 
+def to_device(self, cm):  # noqa: ANN001, ANN201
+    """Zero the host offsets, move them with ``.to(device, non_blocking=True)``
+    behind a busy stream, then copy the result into the device offsets."""
+    torch.cuda._sleep(CYCLES)
+    cm.query_start_loc_cpu.zero_()
+    moved = cm.query_start_loc_cpu.to(cm.query_start_loc.device, non_blocking=True)
+    cm.query_start_loc.copy_(moved)
+
+
+class _Unavailable(Exception):
+    """What a case needs is not on this host."""
+
+
+_KERNEL: list = []
+
+
+def _copy_kernel() -> Any:
+    """A Triton kernel that copies ``n`` int32 values from ``src`` to ``dst``."""
+    if not _KERNEL:
+        try:
+            import triton
+            import triton.language as tl
+        except ImportError as e:
+            raise _Unavailable(f"no Triton: {e}") from e
+
+        @triton.jit
+        def copy_values(src, dst, n, block: tl.constexpr):
+            offs = tl.arange(0, block)
+            tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+        _KERNEL.append(copy_values)
+    return _KERNEL[0]
+
+
+def by_kernel(self, cm):  # noqa: ANN001, ANN201
+    """Zero the host offsets, then have a Triton kernel, behind a busy stream,
+    read them by address into the device offsets."""
+    kernel, n = _copy_kernel(), cm.query_start_loc.numel()
+    torch.cuda._sleep(CYCLES)
+    cm.query_start_loc_cpu.zero_()
+    kernel[(1,)](cm.query_start_loc_cpu, cm.query_start_loc, n, block=32)
+
+
+def _device_view(host: Any) -> Any:
+    """A CUDA tensor over ``host``'s pinned memory (through CuPy, where the
+    host has it), as Model Runner V2's buffers are on a GPU."""
+    try:
+        import cupy
+    except ImportError as e:
+        raise _Unavailable(f"no CuPy: {e}") from e
+    memory = cupy.cuda.UnownedMemory(host.data_ptr(), host.nbytes, owner=host)
+    array = cupy.ndarray(
+        tuple(host.shape), cupy.int32, cupy.cuda.MemoryPointer(memory, 0)
+    )
+    view = torch.as_tensor(array, device="cuda")
+    assert view.data_ptr() == host.data_ptr(), "not a view of the pinned memory"
+    return view
+
+
+def by_view(self, cm):  # noqa: ANN001, ANN201
+    """Zero the host offsets, then, behind a busy stream, a kernel reads them
+    through the device view the metadata holds into the device offsets."""
+    view = cm.query_start_loc_view
+    torch.cuda._sleep(CYCLES)
+    cm.query_start_loc_cpu.zero_()
+    torch.mul(view, 1, out=cm.query_start_loc)
+
+
 def replay(graph: Any, shared: Any) -> Outcome:
     """Replay ``graph`` once and read the offsets back."""
     graph.replay()
@@ -291,11 +370,11 @@ def check_device_to_host(results: dict) -> None:
 
 
 def check_side_streams(results: dict) -> None:
-    """Where the event on the current stream stops covering. A side stream
-    the capture joins to the current one before it returns is covered
-    exactly. One it leaves running is not: its copy to the device reads the
-    values the guard put back, and its copy to the host lands after the
-    guard looked, so the log says no shared host value was written."""
+    """Copies on a side stream are followed on that stream: whether the
+    capture joins it to the current stream before it returns or leaves it
+    running, the device receives what it receives without the guard, and a
+    copy into the host offsets that lands after the capture returned is seen,
+    put back and named."""
     joined = builder("VendorSideStreamJoined", side_h2d_joined)
     off, _ = run(joined, guarded=False)
     on, _ = run(joined, guarded=True)
@@ -307,20 +386,64 @@ def check_side_streams(results: dict) -> None:
     left_off, _ = run(left, guarded=False)
     left_on, _ = run(left, guarded=True)
     assert left_off.device == ZEROS, left_off
-    assert left_on.device == offsets(), left_on  # the put-back values: not covered
+    assert left_on.device == ZEROS, ("its copy read other values", left_on)
+    assert left_on.host == offsets(), left_on
     assert left_on.log == [wrote("VendorSideStreamLeftRunning")], left_on.log
 
     late = builder("VendorSideStreamLateWrite", side_d2h)
     late_off, _ = run(late, guarded=False)
     late_on, _ = run(late, guarded=True)
     assert late_off.host == ZEROS, late_off
-    assert late_on.host == ZEROS, late_on  # landed after the guard looked
-    assert late_on.log == [wrote_nothing("VendorSideStreamLateWrite")], late_on.log
+    assert late_on.host == offsets(), ("its late write was missed", late_on)
+    assert late_on.log == [wrote("VendorSideStreamLateWrite")], late_on.log
     results["side_streams"] = {
         "joined": _pair(off, on),
         "left_running_to_device": _pair(left_off, left_on),
         "left_running_to_host": _pair(late_off, late_on),
     }
+
+
+def check_to_device(results: dict) -> None:
+    """``.to(device, non_blocking=True)`` from the saved pinned host offsets
+    (a new device tensor the capture then copies into the device offsets):
+    the device receives the zeros the capture wrote, the host is kept."""
+    made = builder("VendorToDevice", to_device)
+    off, _ = run(made, guarded=False)
+    assert (off.device, off.host) == (ZEROS, ZEROS), off
+    on, _ = run(made, guarded=True)
+    results["to_device"] = _pair(off, on)
+    assert on.device == off.device, ("the .to() copy read other values", on)
+    assert on.host == offsets(), on
+    assert on.log == [wrote("VendorToDevice")], on.log
+
+
+def check_unseen_copies(results: dict) -> None:
+    """Where the guard cannot see the copies it waits for the stream, and is
+    exact there too: a Triton kernel given the pinned host offsets (it reads
+    them by address), and a device tensor over the pinned memory that the
+    metadata holds (a kernel reads it where it lies). Each is named in one
+    INFO line."""
+    found = {}
+    cases = (
+        ("VendorKernelOnHost", by_kernel, False),
+        ("VendorHostView", by_view, True),
+    )
+    for name, capture, view in cases:
+        try:
+            made = builder(name, capture)
+            off, _ = run(made, guarded=False, view=view)
+        except _Unavailable as e:
+            found[name] = {"skipped": str(e)}
+            continue
+        assert (off.device, off.host) == (ZEROS, ZEROS), (name, off)
+        on, _ = run(made, guarded=True, view=view)
+        found[name] = _pair(off, on)
+        assert on.device == off.device, (name, "the kernel read other values", on)
+        assert on.host == offsets(), (name, on)
+        assert len(on.log) == 2 and on.log[1] == wrote(name), on.log
+        assert "cannot see every copy" in on.log[0], on.log
+    results["unseen_copies"] = found
+    assert "skipped" not in found.get("VendorKernelOnHost", {}), found
 
 
 def check_inside_a_graph_capture(results: dict) -> None:
@@ -419,6 +542,8 @@ CHECKS = {
     "host_to_device": check_host_to_device,
     "device_to_host": check_device_to_host,
     "side_streams": check_side_streams,
+    "to_device": check_to_device,
+    "unseen_copies": check_unseen_copies,
     "inside_a_graph_capture": check_inside_a_graph_capture,
     "beside_another_threads_capture": check_beside_another_threads_capture,
 }

@@ -134,7 +134,7 @@ def guard_removed():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unguarded_capture_hits_indexer_assertion(backend, guard, gpu_results):
-    from vllm_capture_guard.runtime.patches import Status
+    from vllm_capture_guard.runtime.base import Status
     from vllm_capture_guard.tools import harness as sc
 
     if not any(o.status == Status.PATCHED for o in guard.outcomes.values()):

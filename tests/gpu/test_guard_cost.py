@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the guard costs on a GPU, by phase (``tools.cost.account``: saving,
-waiting for the current stream, comparing, putting back, timed around the
-guard's own functions).
+waiting for the copies it followed, comparing, putting back, timed around the
+guard's own functions; following the copies while the capture runs, as the
+difference against the same captures with following turned off,
+``tools.cost.unfollowed``, the least of three runs of each).
 
 1. vLLM's 51 FULL capture sizes (512 down to 1, derived by vLLM's own
    code), run as the model runner runs them: persistent buffers on the GPU
@@ -15,12 +17,14 @@ guard's own functions).
    ``docs/gpu-results.md`` (a figure, not a timed test).
 2. One serving-time dummy batch (size 1, both groups) behind a forward pass
    still in flight (a busy kernel of a few milliseconds on the current
-   stream), the wait included: the guard waits for the work queued ahead of
-   the capture's own copies, since the stream runs it in order.
+   stream): the real captures queue no copy on the saved host memory, so the
+   guard returns while that forward is still running. (With
+   ``GPU_TIER_MUTATE=always-wait`` this fails.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 
@@ -28,7 +32,7 @@ import pytest
 import torch
 
 from tests.gpu import async_copies
-from vllm_capture_guard.tools.cost import account
+from vllm_capture_guard.tools.cost import account, unfollowed
 
 pytestmark = [
     pytest.mark.gpu,
@@ -102,6 +106,17 @@ def setup(gpu_results):
         yield batches, groups, buffers, gpu_results.setdefault("cost", {})
 
 
+def _start_up(builders, buffers, batches, follow: bool) -> tuple[dict, float]:  # noqa: ANN001
+    """One start-up: the phases and the captures' wall time (seconds)."""
+    torch.cuda.synchronize()
+    with account() as spent, contextlib.ExitStack() as stack:
+        if not follow:
+            stack.enter_context(unfollowed())
+        captures = sum(_capture_all(builders, buffers, b) for b in batches)
+    torch.cuda.synchronize()
+    return _spent(spent), captures
+
+
 def test_the_guard_over_vllms_51_capture_sizes(setup):
     """Each ROCm builder's start-up (its 51 sizes, then the indexer at each),
     one after the other; the figures per start-up and over both."""
@@ -109,11 +124,16 @@ def test_the_guard_over_vllms_51_capture_sizes(setup):
     assert len(batches) == 51, [b.label() for b in batches]
     per = {}
     for backend in BACKENDS:
-        torch.cuda.synchronize()
-        with account() as spent:
-            captures = sum(_capture_all(groups[backend], buffers, b) for b in batches)
-        torch.cuda.synchronize()
-        per[backend] = {**_spent(spent), "captures_s": captures}
+        runs = {True: [], False: []}
+        builders = groups[backend]
+        for _ in range(3):  # following and not, in turn; the least of each
+            for follow in (True, False):
+                runs[follow].append(_start_up(builders, buffers, batches, follow))
+        phases, captures = min(runs[True], key=lambda r: r[1])
+        bare = min(r[1] for r in runs[False])
+        follow_ms = max(0.0, (captures - bare) * 1e3)
+        per[backend] = {**phases, "follow": follow_ms, "captures_s": captures}
+        per[backend]["ms"] += follow_ms
         assert per[backend]["calls"] == 51 * 2, per[backend]
     total = {k: sum(p[k] for p in per.values()) for k in per[BACKENDS[0]]}
     results["start_up"] = {**total, "sizes": len(batches), "per_start_up": per,
@@ -122,12 +142,17 @@ def test_the_guard_over_vllms_51_capture_sizes(setup):
     # the goal (8 ms) is read off the results, not asserted: no timed tests
 
 
-def test_one_dummy_batch_behind_a_forward_in_flight(setup):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dummy_batch_does_not_wait_for_the_forward_in_flight(setup, backend):
+    """An idle data-parallel rank's dummy batch at serving time: every
+    builder's capture runs guarded behind the forward pass still running. No
+    capture queues a copy on the saved host memory, so the guard waits for
+    nothing, and returns before that forward ends."""
     from vllm_capture_guard.tools import harness as sc
 
     _, groups, buffers, results = setup
     batch = sc.Batch(1)
-    _capture_all(groups["ROCM_ATTN"], buffers, batch)  # warm: not a first call
+    _capture_all(groups[backend], buffers, batch)  # warm: not a first call
     buffers.fill(batch)
     torch.cuda.synchronize()
     start, end = (
@@ -138,11 +163,15 @@ def test_one_dummy_batch_behind_a_forward_in_flight(setup):
     torch.cuda._sleep(FORWARD_CYCLES)  # the forward pass still in flight
     end.record()
     with account() as phases:
-        captures = _capture_all(groups["ROCM_ATTN"], buffers, batch, fill=False)
-        waited = end.query()  # the guard waited for the forward in flight
+        captures = _capture_all(groups[backend], buffers, batch, fill=False)
+        in_flight = not end.query()  # the forward had not ended when they returned
     torch.cuda.synchronize()
     spent = _spent(phases)
-    results["dummy_batch"] = {**spent, "captures_s": captures,
-                              "forward_ms": start.elapsed_time(end)}  # fmt: skip
+    results.setdefault("dummy_batch", {})[backend] = {
+        **spent,
+        "captures_s": captures,
+        "forward_ms": start.elapsed_time(end),
+        "returned_in_flight": in_flight,
+    }
     assert spent["calls"] == 2, spent
-    assert waited, "the guard returned before the work ahead of the copies ran"
+    assert in_flight, "the guard waited for the forward pass in flight"

@@ -105,7 +105,7 @@ def _capture(m):
 
 @contextlib.contextmanager
 def _patch(on: bool):
-    from vllm_capture_guard.runtime.patches import Status
+    from vllm_capture_guard.runtime.base import Status
     from vllm_capture_guard.tools.fixes import by_name
 
     patch = by_name("graph-capture-stream")

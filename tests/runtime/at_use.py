@@ -455,7 +455,7 @@ def _run_case(case: str, log: _Lines) -> dict:
     register_backend(AttentionBackendEnum.CUSTOM, f"{MODULE}.{backend.__name__}")
     affected = getattr(module, f"{builder.__name__}Affected").__dict__[vv.CAPTURE]
     start = len(log.lines)
-    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as guard
+    from vllm_capture_guard.runtime import guard
 
     before = {n: s["calls"] for n, s in guard.SEEN.items()}
     config = cpu_runner.make_config("CUSTOM")

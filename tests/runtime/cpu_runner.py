@@ -270,6 +270,6 @@ if __name__ == "__main__":  # a smoke run: python -m tests.runtime.cpu_runner
     cfg = make_config(backend)
     r = make_runner(cfg, harness.backend_class(backend))
     print(json.dumps([dataclasses.asdict(s) for s in start_up(r)]))
-    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as g
+    from vllm_capture_guard.runtime import guard as g
 
     print(json.dumps(g.SEEN))

@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Backports of upstream vLLM fixes, one module per fix. A :class:`Patch`
-imports no vLLM module and runs none of vLLM's code: it looks at what vLLM
-imported (``plan``) and installs its fix there, idempotently, under one lock."""
+"""What every change the plugin makes shares: a :class:`Patch` imports no vLLM
+module and runs none of vLLM's code: it looks at what vLLM imported (``plan``)
+and installs its change there, idempotently, under one lock. Also the marker
+on every function installed, and the log of what is said once."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 import functools
+import logging
 import sys
 import threading
 from types import ModuleType
@@ -113,25 +115,20 @@ class Patch:
             return Outcome(self.name, Status.PATCHED, self.install(plan), plan.warning)
 
 
-def _patches() -> tuple[Patch, ...]:
-    from vllm_capture_guard.runtime.patches import graph_capture_stream as stream
-    from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as aiter
-    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as rocm
-
-    # The AITER backport derives from the builder the first guards.
-    return (rocm.RocmAttnCpuOffsets(), aiter.RocmAiterUnifiedBuilder(),
-            stream.GraphCaptureStream())  # fmt: skip
+_log = logging.getLogger("vllm.capture_guard")
+_said: set[str] = set()
 
 
-PATCHES: tuple[Patch, ...] = _patches()
-NAMES = frozenset(p.name for p in PATCHES)
+def say(message: str, warning: bool = False) -> None:
+    """Log ``message`` once per process: INFO, or WARNING."""
+    with LOCK:
+        if message in _said:
+            return
+        _said.add(message)
+    (_log.warning if warning else _log.info)(f"vllm-capture-guard: {message}")
 
 
-def unknown_disabled() -> str | None:
-    """Names in ``VLLM_CAPTURE_GUARD_DISABLE`` that are no patch, or None."""
-    if unknown := ", ".join(sorted(switch.disabled_patches() - NAMES)):
-        known = ", ".join(sorted(NAMES))
-        return (
-            f"{switch.DISABLE_ENV} names no patch: {unknown} (the patches are {known})"
-        )
-    return None
+def short(e: BaseException) -> str:
+    """An error in at most 120 characters."""
+    text = f"{type(e).__name__}: {e}"
+    return text if len(text) <= 120 else text[:117] + "..."

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import threading
 
-from vllm_capture_guard.runtime import hooks, switch
+from vllm_capture_guard.runtime import base, hooks, switch
 
 PREFIX = "vllm-capture-guard"
 
@@ -66,7 +66,7 @@ def vllm_version() -> str:
 
 
 def _summarise(report: Report) -> None:
-    s = _patches().Status
+    s = base.Status
     found = {o.status for o in report.outcomes.values()}
     if report.failures or s.FAILED in found:
         report.action = "failed"
@@ -93,7 +93,7 @@ def _fail(log: logging.Logger, what: str, error: BaseException) -> None:
 
 def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
     """Apply every patch to what vLLM has imported; log what is new."""
-    log, s = log or _logger(), _patches().Status
+    log, s = log or _logger(), base.Status
     for patch in _patches().PATCHES:
         with _lock:
             if patch.reverted or _report is None:

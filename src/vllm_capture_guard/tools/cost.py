@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The guard's own time, by phase, on whatever runs while :func:`account` is
-open: saving the host values, waiting for the device, comparing, putting
-back. It wraps the guard's four phase functions for that time (each wrapper
-adds a clock read around the call, so the figures are slightly high); the
-runtime itself keeps no clock."""
+open: saving the host values, waiting for the copies it followed, comparing,
+putting back. It wraps the guard's four phase functions for that time (each
+wrapper adds a clock read around the call, so the figures are slightly high);
+the runtime itself keeps no clock. Following the copies runs inside the
+capture, call by call; :func:`unfollowed` turns it off for one measurement,
+so that its cost is the difference (the GPU tier reports it that way)."""
 
 from __future__ import annotations
 
@@ -12,22 +14,26 @@ import functools
 import time
 from collections.abc import Iterator
 
-#: phase -> the guard's function for it
+#: phase -> (the guard's module, its function for that phase)
 PHASES = {
-    "save": "save",
-    "wait": "wait_for",
-    "compare": "changed",
-    "put_back": "put_back",
+    "save": ("keep", "save"),
+    "wait": ("copies", "wait"),
+    "compare": ("keep", "changed"),
+    "put_back": ("keep", "put_back"),
 }
+
+
+def _module(name: str):  # noqa: ANN202
+    from vllm_capture_guard.runtime.guard import copies, keep
+
+    return {"copies": copies, "keep": keep}[name]
 
 
 @contextlib.contextmanager
 def account() -> Iterator[dict[str, float]]:
     """``{"calls": guarded captures, phase: seconds, ...}``, filled while open."""
-    from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as guard
-
     spent: dict[str, float] = dict.fromkeys(("calls", *PHASES), 0)
-    originals = {name: getattr(guard, name) for name in PHASES.values()}
+    originals = {p: getattr(_module(m), f) for p, (m, f) in PHASES.items()}
 
     def timed(phase: str, fn):  # noqa: ANN001, ANN202
         @functools.wraps(fn)
@@ -41,10 +47,23 @@ def account() -> Iterator[dict[str, float]]:
 
         return wrapper
 
-    for phase, name in PHASES.items():
-        setattr(guard, name, timed(phase, originals[name]))
+    for phase, (module, name) in PHASES.items():
+        setattr(_module(module), name, timed(phase, originals[phase]))
     try:
         yield spent
     finally:
-        for name, fn in originals.items():
-            setattr(guard, name, fn)
+        for phase, (module, name) in PHASES.items():
+            setattr(_module(module), name, originals[phase])
+
+
+@contextlib.contextmanager
+def unfollowed() -> Iterator[None]:
+    """The guard as it is, but following no copies (so waiting for none): only
+    for measuring what following them costs; not exact on a GPU."""
+    copies = _module("copies")
+    follow = copies.follow
+    copies.follow = lambda watch: None
+    try:
+        yield
+    finally:
+        copies.follow = follow

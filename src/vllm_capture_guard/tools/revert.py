@@ -10,11 +10,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from vllm_capture_guard.runtime import hooks
-from vllm_capture_guard.runtime import patches as base
+from vllm_capture_guard.runtime import base, hooks
+from vllm_capture_guard.runtime.guard import install as rocm
 from vllm_capture_guard.runtime.patches import graph_capture_stream as stream
 from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as aiter
-from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as rocm
 
 
 def revert(patch: base.Patch) -> bool:

@@ -26,8 +26,8 @@ import inspect
 import textwrap
 from typing import Any
 
+from vllm_capture_guard.runtime.base import original_of
 from vllm_capture_guard.runtime.patches import graph_capture_stream as stream
-from vllm_capture_guard.runtime.patches import original_of
 from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as aiter
 from vllm_capture_guard.tools.shape import fixed_shape, is_host_field
 

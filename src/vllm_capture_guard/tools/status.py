@@ -125,7 +125,7 @@ def _shell() -> str:
 def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
     """``(verdict, why, simulated)``: load the plugins as ``check`` does and
     see whether every needed fix comes out installed."""
-    from vllm_capture_guard.runtime.patches import Status
+    from vllm_capture_guard.runtime.base import Status
 
     fixed = {Status.PATCHED, Status.ALREADY, Status.NOT_NEEDED}  # as upstream's
     from vllm_capture_guard.runtime.plugin import report

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import gc
 import logging
-import sys
 import threading
 
 import pytest
 import torch
 
 from tests.fake_device import DeviceTensor
-from vllm_capture_guard.runtime import switch
-from vllm_capture_guard.runtime.patches import Status, is_guarded, original_of
-from vllm_capture_guard.runtime.patches import rocm_attn_cpu_offsets as guard
+from vllm_capture_guard.runtime import guard, switch
+from vllm_capture_guard.runtime.base import Status, is_guarded, original_of
+from vllm_capture_guard.runtime.guard import keep
+from vllm_capture_guard.runtime.guard.fields import fields_of
 from vllm_capture_guard.tools import harness
 from vllm_capture_guard.tools.contract import CPU
 from vllm_capture_guard.tools.fixes import by_name
@@ -169,8 +169,8 @@ def test_a_nested_capture_saves_once(rocm, monkeypatch):
     nested = type("NestedBuilder", (base,), {METHOD: build_for_cudagraph_capture})
     PATCH.apply()
     saves = []
-    real = guard.save
-    monkeypatch.setattr(guard, "save", lambda m: saves.append(1) or real(m))
+    real = keep.save
+    monkeypatch.setattr(keep, "save", lambda m: saves.append(1) or real(m))
     assert host_writes(direct(nested)) == []
     assert len(saves) == 1
 
@@ -301,7 +301,7 @@ def test_slotted_metadata_is_read_as_a_dataclass_is():
     for cls in (sub, replaced):
         cm = _slotted(cls, harness.Batch(4), **lazy)
         assert not vars(cm) if cls is sub else not hasattr(cm, "__dict__")
-        assert "query_start_loc_cpu" in guard.fields_of(cm)
+        assert "query_start_loc_cpu" in fields_of(cm)
         guard.guarded_call(capture, cls.__name__, cm)
         assert cm.query_start_loc_cpu.tolist() == harness.Batch(4).offsets(), cls
         assert all(getattr(cm, n) is None for n in lazy)  # its property not read
@@ -338,7 +338,7 @@ def test_host_is_where_a_tensor_lives_when_the_device_fields_are_on_a_gpu():
     neutral = shared.query_start_loc_cpu[:]  # a host view, neutrally named
     shared.__dict__["vendor_offsets"] = neutral
     shared.__dict__["vendor_array"] = np.arange(4)
-    saved = {entry[0] for entry in guard.save(shared)[0]}
+    saved = {entry[0] for entry in keep.save(shared)[0]}
     assert {"query_start_loc_cpu", "vendor_offsets", "vendor_array"} <= saved
     assert "query_start_loc" not in saved
 
@@ -354,7 +354,7 @@ def test_host_is_where_a_tensor_lives_when_the_device_fields_are_on_a_gpu():
     # on an all-CPU host names decide: the neutral name is not host there
     plain = harness.shared_metadata(harness.Batch(4))
     plain.__dict__["vendor_offsets"] = plain.query_start_loc_cpu[:]
-    assert "vendor_offsets" not in {entry[0] for entry in guard.save(plain)[0]}
+    assert "vendor_offsets" not in {entry[0] for entry in keep.save(plain)[0]}
 
 
 def test_the_log_says_once_what_the_capture_wrote(rocm, caplog):
@@ -478,185 +478,7 @@ def test_a_value_it_cannot_save_leaves_the_others_guarded(caplog):
 
 def test_a_failure_after_the_capture_never_reaches_vllm(monkeypatch, caplog):
     shared = harness.shared_metadata(harness.Batch(2))
-    monkeypatch.setattr(guard, "put_back", lambda *a: 1 / 0)
+    monkeypatch.setattr(keep, "put_back", lambda *a: 1 / 0)
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
         assert guard.guarded_call(lambda m: "built", "Broken", shared) == "built"
     assert any("could not put back" in r.getMessage() for r in caplog.records)
-
-
-def _waiting(monkeypatch, wait, mark="cuda:0") -> list:  # noqa: ANN001
-    """``save`` as it is, but saying there is device work to wait for (as on
-    a GPU with pinned host values), or ``mark``; ``wait_for`` replaced."""
-    save, order = guard.save, []
-
-    def waiting_save(metadata):  # noqa: ANN001, ANN202
-        saved, failed, _, size = save(metadata)
-        return saved, failed, mark, size
-
-    monkeypatch.setattr(guard, "save", waiting_save)
-    monkeypatch.setattr(guard, "wait_for", lambda device: wait(device, order))
-    return order
-
-
-def _device_fault(device, order):  # noqa: ANN001, ANN202
-    error = getattr(torch, "AcceleratorError", RuntimeError)
-    raise error("CUDA error: an illegal memory access was encountered")
-
-
-def _zeroes(metadata):  # noqa: ANN001, ANN202
-    metadata.query_start_loc_cpu.zero_()
-    return "built"
-
-
-def test_the_host_values_are_told_after_the_wait(monkeypatch):
-    """Order only (the GPU tier shows the copies themselves): what lands in a
-    host value while the guard waits, as a device-to-host copy does, is told
-    and put back."""
-    shared = harness.shared_metadata(harness.Batch(4))
-
-    def late_copy(device, order):  # noqa: ANN001, ANN202
-        order.append(device)
-        shared.query_start_loc_cpu.zero_()
-
-    order = _waiting(monkeypatch, late_copy)
-    guard.guarded_call(lambda m: None, "LateCopy", shared)
-    assert order == ["cuda:0"]
-    assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
-    assert guard.SEEN["LateCopy"]["wrote"] == {"query_start_loc_cpu": 4}
-
-
-def test_a_device_error_at_the_wait_reaches_vllm_after_the_put_back(monkeypatch):
-    """An asynchronous fault of the stream's work surfaces at the wait: it goes
-    on to vLLM as it would have at vLLM's next synchronisation, and the host
-    values are kept all the same."""
-    _waiting(monkeypatch, _device_fault)
-    shared = harness.shared_metadata(harness.Batch(2))
-    with pytest.raises(RuntimeError, match="illegal memory access"):
-        guard.guarded_call(_zeroes, "Faults", shared)
-    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
-
-
-def test_a_capture_that_raises_keeps_its_own_error(monkeypatch):
-    _waiting(monkeypatch, _device_fault)
-    shared = harness.shared_metadata(harness.Batch(2))
-
-    def capture(metadata):  # noqa: ANN001, ANN202
-        metadata.query_start_loc_cpu.zero_()
-        raise ValueError("the capture's own")
-
-    with pytest.raises(ValueError, match="the capture's own"):
-        guard.guarded_call(capture, "RaisesToo", shared)
-    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
-
-
-@pytest.mark.parametrize(
-    "error",
-    [NotImplementedError("no events here"),
-     RuntimeError("operation not permitted when stream is capturing"),
-     AttributeError("no current_stream")],
-    ids=["not-a-device-error", "capture-mode", "attribute"],
-)  # fmt: skip
-def test_the_guards_own_failure_to_wait_is_one_warning(monkeypatch, caplog, error):
-    """Not CUDA's or HIP's own error (or one of the capture mode): the
-    guard's; it never reaches vLLM, and the values are told without waiting."""
-
-    def fails(device, order):  # noqa: ANN001, ANN202
-        raise error
-
-    _waiting(monkeypatch, fails)
-    shared = harness.shared_metadata(harness.Batch(2))
-    owner = f"CannotWait{type(error).__name__}{len(str(error))}"
-    with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        assert guard.guarded_call(_zeroes, owner, shared) == "built"
-    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(said) == 1 and f"could not wait for {owner}'s capture" in said[0], said
-    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
-
-
-def test_inside_a_stream_capture_it_puts_back_at_once_with_one_warning(
-    monkeypatch, caplog
-):
-    """Nothing has run yet: no wait (it would invalidate the graph), the host
-    values put back, one WARNING per builder class."""
-
-    def never(device, order):  # noqa: ANN001, ANN202
-        pytest.fail("the guard waited inside a stream capture")
-
-    _waiting(monkeypatch, never, mark=guard.CAPTURING)
-    shared = harness.shared_metadata(harness.Batch(2))
-    with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        guard.guarded_call(_zeroes, "InsideAGraph", shared)
-        guard.guarded_call(_zeroes, "InsideAGraph", shared)
-    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(said) == 1 and "inside an active stream capture" in said[0], said
-    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
-
-
-class _FakeCuda:
-    """What ``wait_for`` asks of ``torch.cuda``, recorded in order."""
-
-    def __init__(self, calls: list) -> None:
-        self.calls = calls
-
-    def Event(self):  # noqa: ANN202, N802
-        calls = self.calls
-
-        class Event:
-            def record(self, stream):  # noqa: ANN001, ANN202
-                calls.append(("record", stream))
-
-            def synchronize(self):  # noqa: ANN202
-                calls.append(("synchronize",))
-
-        return Event()
-
-    def current_stream(self, index):  # noqa: ANN001, ANN202
-        return f"stream of {index}"
-
-
-@pytest.mark.parametrize("exchanged", [0, 1], ids=["relaxed", "exchange-failed"])
-def test_the_wait_runs_relaxed_and_gives_the_mode_back(monkeypatch, exchanged):
-    """One event on the device's current stream, with the thread's capture
-    mode relaxed (2) around it and the previous mode given back, only where
-    the exchange succeeded."""
-    import ctypes
-
-    calls: list = []
-
-    def exchange(pointer):  # noqa: ANN001, ANN202
-        mode = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_int)).contents
-        calls.append(("exchange", mode.value))
-        mode.value = 0  # the previous mode: global
-        return exchanged
-
-    fake = type("FakeTorch", (), {"cuda": _FakeCuda(calls)})()
-    monkeypatch.setitem(sys.modules, "torch", fake)
-    monkeypatch.setattr(guard, "_exchange", lambda: exchange)
-    monkeypatch.setattr(guard._state, "events", {}, raising=False)
-    guard.wait_for(torch.device("cuda", 3))
-    monkeypatch.undo()
-    expected = [("exchange", 2), ("record", "stream of 3"), ("synchronize",)]
-    assert calls == expected + ([("exchange", 0)] if exchanged == 0 else [])
-
-
-def test_pinned_is_told_by_torch_and_unknown_counts_as_pinned():
-    import numpy as np
-
-    assert guard._pinned(torch.zeros(3), torch) is False
-    assert guard._pinned(np.zeros(3), torch) is False
-    frozen = np.zeros(3)
-    frozen.flags.writeable = False
-    assert guard._pinned(frozen, torch) is True  # torch cannot tell: wait
-    assert guard._pinned(np.array([object()]), torch) is True
-
-
-def test_no_wait_where_nothing_is_on_a_gpu(monkeypatch):
-    """All on the CPU (or a device that only reports a GPU): no stream to
-    wait for, and CUDA is never asked."""
-    monkeypatch.setattr(guard, "wait_for", lambda device: pytest.fail("waited"))
-    shared = harness.shared_metadata(harness.Batch(2))
-    assert guard.save(shared)[2] is None
-    shared.query_start_loc = shared.query_start_loc.as_subclass(DeviceTensor)
-    assert guard.save(shared)[2] is None
-    guard.guarded_call(lambda m: None, "NoWait", shared)
-    assert not torch.cuda.is_initialized()

@@ -21,7 +21,7 @@ import textwrap
 import types
 from typing import Any
 
-from vllm_capture_guard.runtime import patches as base
+from vllm_capture_guard.runtime import base
 
 #: (module, class, function): the call sites that PR #53818 changed.
 SITES = (

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-from vllm_capture_guard.runtime import patches as base
+from vllm_capture_guard.runtime import base
 
 MODULE = "vllm.v1.attention.backends.rocm_aiter_unified_attn"
 BACKEND = "RocmAiterUnifiedAttentionBackend"

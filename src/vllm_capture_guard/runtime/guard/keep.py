@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Saving and putting back: the host values of a metadata before its capture,
+and, after it, each one changed in place put back in place."""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import sys
+from typing import Any
+
+from vllm_capture_guard.runtime.base import short
+from vllm_capture_guard.runtime.guard import copies
+from vllm_capture_guard.runtime.guard.fields import fields_of, is_host_field
+
+PLAIN = frozenset({type(None), bool, int, float, str})
+string_at = ctypes.string_at
+
+
+def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
+    """``([(field, value, copy, pointer)], [fields not saved], watch, size)``
+    for each host value, also in containers (a dense tensor's copy is its
+    bytes); ``watch``: what :mod:`copies` follows during the capture."""
+    fields, torch = fields_of(metadata), sys.modules.get("torch")
+    device = getattr(fields.get("query_start_loc"), "device", None)
+    on_device = getattr(device, "type", "cpu") != "cpu"
+    watch = copies.watch(device) if on_device else None
+    todo, devices = [], []
+    for name, value in fields.items():
+        if type(value) in PLAIN:
+            continue
+        # device tensors are not saved, only looked at: over pinned memory?
+        (devices if getattr(value, "is_cpu", 1) is False else todo).append(
+            (name, value)
+        )
+    saved, failed, seen = [], [], set()
+    top, tensor = len(todo), torch.Tensor if torch is not None else ()
+    for i, (name, value) in enumerate(todo):  # todo grows with containers
+        if type(value) in PLAIN or id(value) in seen:
+            continue  # a scalar, or a value another field holds
+        seen.add(id(value))
+        try:
+            if isinstance(value, tensor):
+                if value.is_cpu and (on_device or i >= top or is_host_field(name)):
+                    dense = type(value) is tensor and value.layout is torch.strided
+                    if dense and value.is_contiguous() and (ptr := value.data_ptr()):
+                        saved.append((name, value, string_at(ptr, value.nbytes), ptr))
+                    else:  # not one dense block of memory: a copy by torch
+                        saved.append((name, value, value.clone(), None))
+                    copies.add(watch, name, value)
+            elif isinstance(value, (dict, list, tuple)):
+                items = value.items() if isinstance(value, dict) else enumerate(value)
+                todo += [(f"{name}[{k!r}]", v) for k, v in items]
+                if not isinstance(value, tuple):
+                    saved.append((name, value, copy.copy(value), None))
+            elif hasattr(value, "__array__") and hasattr(value, "copy"):  # numpy
+                saved.append((name, value, value.copy(), None))
+                copies.add(watch, name, value)
+        except Exception as e:  # that value alone goes unsaved
+            failed.append(f"{name} ({short(e)})")
+    watch = copies.settled(watch, devices)
+    return saved, failed, watch, fields.get("num_actual_tokens", "?")
+
+
+def _same(a: Any, b: Any, ptr: int | None) -> bool:
+    if ptr is not None:  # bytes; the memory moved if the pointer did
+        if a.data_ptr() != ptr or a.nbytes != len(b):
+            raise ValueError("its memory moved or changed size")
+        return string_at(ptr, len(b)) == b
+    if isinstance(a, dict):  # the very same objects, or equal scalars
+        return a.keys() == b.keys() and all(_kept(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_kept, a, b))
+    if a.shape != b.shape:
+        return False
+    return bool(((a == b) | ((a != a) & (b != b))).all())  # NaN for NaN: no write
+
+
+def _kept(x: Any, y: Any) -> bool:
+    return x is y or (type(x) in PLAIN and type(x) is type(y) and x == y)
+
+
+def changed(saved: list) -> tuple[list, list[str]]:
+    """The values changed in place, and the fields that could not be told."""
+    out, failed = [], []
+    for entry in saved:  # all told before any is put back: values share memory
+        try:
+            if not _same(entry[1], entry[2], entry[3]):
+                out.append(entry)
+        except Exception as e:
+            failed.append(f"{entry[0]} ({short(e)})")
+    return out, failed
+
+
+def put_back(changes: list) -> list[str]:
+    """Put back each changed value in place: the fields that could not be."""
+    failed = []
+    for name, value, before, ptr in changes:
+        try:
+            if ptr is not None:
+                ctypes.memmove(ptr, before, len(before))
+            elif isinstance(value, dict):
+                value.clear()
+                value.update(before)
+            else:  # a list, a tensor or an array
+                value[slice(None) if isinstance(value, list) else ...] = before
+        except Exception as e:
+            failed.append(f"{name} ({short(e)})")
+    return failed

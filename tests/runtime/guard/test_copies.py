@@ -1,0 +1,378 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The copies and the wait (``runtime/guard/copies.py``) in this process:
+which calls of a capture the guard follows and what it waits for, decided by
+the guard's own code; and its handling of the wait (order, device errors, its
+own failures, a stream capture, the capture mode). Fakes stand in for the
+device here (a CPU tensor that says ``cuda``, a recording ``torch.cuda``);
+the GPU tier runs the same on real streams and copies
+(``tests/gpu/async_copies.py``)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+import torch
+
+from tests.fake_device import DeviceTensor, on_device
+from vllm_capture_guard.runtime import guard
+from vllm_capture_guard.runtime.guard import copies, keep
+from vllm_capture_guard.tools import harness
+
+
+def _waiting(monkeypatch, wait, mark=None) -> list:  # noqa: ANN001
+    """``save`` as it is, but saying there are copies to wait for (as on a GPU
+    where a capture queued one on pinned host memory), or ``mark``; the wait
+    replaced, and no copies followed (the GPU tier follows real ones)."""
+    save, order = keep.save, []
+    if mark is None:
+        mark = copies.Watch("cuda:0")
+        mark.blind = "a copy it cannot see"
+
+    def waiting_save(metadata):  # noqa: ANN001, ANN202
+        saved, failed, _, size = save(metadata)
+        return saved, failed, mark, size
+
+    monkeypatch.setattr(keep, "save", waiting_save)
+    monkeypatch.setattr(copies, "follow", lambda watch: None)
+    monkeypatch.setattr(copies, "wait", lambda watch: wait(watch.device, order))
+    return order
+
+
+def _device_fault(device, order):  # noqa: ANN001, ANN202
+    error = getattr(torch, "AcceleratorError", RuntimeError)
+    raise error("CUDA error: an illegal memory access was encountered")
+
+
+def _zeroes(metadata):  # noqa: ANN001, ANN202
+    metadata.query_start_loc_cpu.zero_()
+    return "built"
+
+
+def test_the_host_values_are_told_after_the_wait(monkeypatch):
+    """Order only (the GPU tier shows the copies themselves): what lands in a
+    host value while the guard waits, as a device-to-host copy does, is told
+    and put back."""
+    shared = harness.shared_metadata(harness.Batch(4))
+
+    def late_copy(device, order):  # noqa: ANN001, ANN202
+        order.append(device)
+        shared.query_start_loc_cpu.zero_()
+
+    order = _waiting(monkeypatch, late_copy)
+    guard.guarded_call(lambda m: None, "LateCopy", shared)
+    assert order == ["cuda:0"]
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
+    assert guard.SEEN["LateCopy"]["wrote"] == {"query_start_loc_cpu": 4}
+
+
+def test_a_device_error_at_the_wait_reaches_vllm_after_the_put_back(monkeypatch):
+    """An asynchronous fault of the stream's work surfaces at the wait: it goes
+    on to vLLM as it would have at vLLM's next synchronisation, and the host
+    values are kept all the same."""
+    _waiting(monkeypatch, _device_fault)
+    shared = harness.shared_metadata(harness.Batch(2))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        guard.guarded_call(_zeroes, "Faults", shared)
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
+
+
+def test_a_capture_that_raises_keeps_its_own_error(monkeypatch):
+    _waiting(monkeypatch, _device_fault)
+    shared = harness.shared_metadata(harness.Batch(2))
+
+    def capture(metadata):  # noqa: ANN001, ANN202
+        metadata.query_start_loc_cpu.zero_()
+        raise ValueError("the capture's own")
+
+    with pytest.raises(ValueError, match="the capture's own"):
+        guard.guarded_call(capture, "RaisesToo", shared)
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [NotImplementedError("no events here"),
+     RuntimeError("operation not permitted when stream is capturing"),
+     AttributeError("no current_stream")],
+    ids=["not-a-device-error", "capture-mode", "attribute"],
+)  # fmt: skip
+def test_the_guards_own_failure_to_wait_is_one_warning(monkeypatch, caplog, error):
+    """Not CUDA's or HIP's own error (or one of the capture mode): the
+    guard's; it never reaches vLLM, and the values are told without waiting."""
+
+    def fails(device, order):  # noqa: ANN001, ANN202
+        raise error
+
+    _waiting(monkeypatch, fails)
+    shared = harness.shared_metadata(harness.Batch(2))
+    owner = f"CannotWait{type(error).__name__}{len(str(error))}"
+    with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
+        assert guard.guarded_call(_zeroes, owner, shared) == "built"
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and f"could not wait for {owner}'s capture" in said[0], said
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
+
+
+def test_inside_a_stream_capture_it_puts_back_at_once_with_one_warning(
+    monkeypatch, caplog
+):
+    """Nothing has run yet: no wait (it would invalidate the graph), the host
+    values put back, one WARNING per builder class."""
+
+    def never(device, order):  # noqa: ANN001, ANN202
+        pytest.fail("the guard waited inside a stream capture")
+
+    _waiting(monkeypatch, never, mark=copies.CAPTURING)
+    shared = harness.shared_metadata(harness.Batch(2))
+    with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
+        guard.guarded_call(_zeroes, "InsideAGraph", shared)
+        guard.guarded_call(_zeroes, "InsideAGraph", shared)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and "inside an active stream capture" in said[0], said
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
+
+
+class _FakeCuda:
+    """What the wait asks of ``torch.cuda``, recorded in order."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def Event(self):  # noqa: ANN202, N802
+        calls = self.calls
+
+        class Event:
+            def record(self, stream):  # noqa: ANN001, ANN202
+                calls.append(("record", stream))
+
+            def synchronize(self):  # noqa: ANN202
+                calls.append(("synchronize",))
+
+        return Event()
+
+    def current_stream(self, index):  # noqa: ANN001, ANN202
+        return f"stream of {index}"
+
+
+@pytest.mark.parametrize("exchanged", [0, 1], ids=["relaxed", "exchange-failed"])
+def test_the_wait_runs_relaxed_and_gives_the_mode_back(monkeypatch, exchanged):
+    """Where the guard cannot see the copies: one event on the device's
+    current stream, with the thread's capture mode relaxed (2) around it and
+    the previous mode given back, only where the exchange succeeded."""
+    import ctypes
+
+    calls: list = []
+
+    def exchange(pointer):  # noqa: ANN001, ANN202
+        mode = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_int)).contents
+        calls.append(("exchange", mode.value))
+        mode.value = 0  # the previous mode: global
+        return exchanged
+
+    watch = copies.Watch(torch.device("cuda", 3))
+    watch.blind = "a copy it cannot see"
+    fake = type("FakeTorch", (), {"cuda": _FakeCuda(calls)})()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(copies, "_exchange", lambda: exchange)
+    copies.wait(watch)
+    monkeypatch.undo()
+    expected = [("exchange", 2), ("record", "stream of 3"), ("synchronize",)]
+    assert calls == expected + ([("exchange", 0)] if exchanged == 0 else [])
+
+
+def test_pinned_is_told_by_torch_and_unknown_counts_as_pinned():
+    import numpy as np
+
+    assert copies._pinned(torch.zeros(3)) is False
+    assert copies._pinned(np.zeros(3)) is False
+    frozen = np.zeros(3)
+    frozen.flags.writeable = False
+    assert copies._pinned(frozen) is True  # torch cannot tell: wait
+    assert copies._pinned(np.array([object()])) is True
+
+
+def test_no_wait_where_nothing_is_on_a_gpu(monkeypatch):
+    """All on the CPU (or a device that only reports a GPU): nothing to
+    follow or wait for, and CUDA is never asked."""
+    monkeypatch.setattr(copies, "wait", lambda watch: pytest.fail("waited"))
+    monkeypatch.setattr(copies, "follow", lambda watch: pytest.fail("followed"))
+    shared = harness.shared_metadata(harness.Batch(2))
+    assert keep.save(shared)[2] is None
+    shared.query_start_loc = shared.query_start_loc.as_subclass(DeviceTensor)
+    assert keep.save(shared)[2] is None
+    guard.guarded_call(lambda m: None, "NoWait", shared)
+    assert not torch.cuda.is_initialized()
+
+
+# --- which calls the guard follows (its own decisions; fakes for the device) --
+
+
+@torch.library.custom_op("capture_guard_test::host_sum", mutates_args=())
+def _host_sum(x: torch.Tensor) -> torch.Tensor:
+    """A custom op: what it does with its inputs is not the guard's to see."""
+    return x.sum().reshape(1)
+
+
+@pytest.fixture
+def followed(monkeypatch):
+    """A runner-like buffer whose first 9 values are a saved pinned host value
+    (as the metadata's ``query_start_loc_cpu[:n + 1]`` is a view of the
+    runner's buffer), a device tensor (a CPU tensor that says ``cuda:0``), and
+    the guard's watch over the saved bytes; recorded events are the devices
+    they would be recorded on."""
+    buffer = torch.arange(16, dtype=torch.int32)
+    host, dev = buffer[:9], on_device(torch.zeros(16, dtype=torch.int32))
+    watch = copies.Watch(torch.device("cuda", 0))
+    copies.add(watch, "query_start_loc_cpu", host)  # torch says not pinned here
+    watch.ranges.append(copies._bounds(host))  # as on a GPU, where it is
+    recorded: list[str] = []
+    monkeypatch.setattr(copies, "_record", lambda w, d: recorded.append(str(d)))
+    return buffer, host, dev, watch, recorded
+
+
+FOLLOWED = {
+    "copy_-to-device": lambda b, h, d: d[:9].copy_(h, non_blocking=True),
+    "whole-buffer": lambda b, h, d: d.copy_(b, non_blocking=True),
+    "copy_-to-host": lambda b, h, d: h.copy_(d[:9], non_blocking=True),
+    "a-view-positional": lambda b, h, d: d[:4].copy_(h[1:5], True),
+    "to-device": lambda b, h, d: h.to(d, non_blocking=True),
+    "aten-op": lambda b, h, d: torch.ops.aten.copy_.default(d[:9], h, True),
+    "numpy-view": lambda b, h, d: d[:9].copy_(
+        torch.from_numpy(h.numpy()), non_blocking=True
+    ),
+}
+NOT_FOLLOWED = {
+    "blocking": lambda b, h, d: d[:9].copy_(h),
+    "another-slice": lambda b, h, d: d[:4].copy_(b[12:], non_blocking=True),
+    "host-work": lambda b, h, d: (h.zero_(), h + 1, torch.diff(h), h.tolist()),
+    "stays-on-host": lambda b, h, d: h.to(torch.float32, non_blocking=True),
+    "device-work": lambda b, h, d: d.add_(1),
+    "custom-op-elsewhere": lambda b, h, d: torch.ops.capture_guard_test.host_sum(
+        b[12:]
+    ),
+}
+UNSEEN = {
+    "data_ptr": lambda b, h, d: h.data_ptr(),
+    "custom-op": lambda b, h, d: torch.ops.capture_guard_test.host_sum(h),
+}
+
+
+@pytest.mark.parametrize("call", FOLLOWED.values(), ids=FOLLOWED)
+def test_a_non_blocking_copy_on_the_saved_bytes_is_followed(followed, call):
+    """An event after it, on its device's stream: a copy either way whose
+    source or destination overlaps the saved bytes (the byte range, not the
+    object: the whole buffer, a view, an array over the same memory)."""
+    buffer, host, dev, watch, recorded = followed
+    with copies.follow(watch):
+        call(buffer, host, dev)
+    assert recorded == ["cuda:0"] and watch.blind is None, (recorded, watch.blind)
+
+
+@pytest.mark.parametrize("call", NOT_FOLLOWED.values(), ids=NOT_FOLLOWED)
+def test_what_queues_no_copy_on_the_saved_bytes_is_not_followed(followed, call):
+    """Nothing to wait for: a blocking copy is done when it returns, another
+    part of the buffer is not the saved bytes, host work is done at once."""
+    buffer, host, dev, watch, recorded = followed
+    with copies.follow(watch):
+        call(buffer, host, dev)
+    assert recorded == [] and watch.blind is None, (recorded, watch.blind)
+
+
+@pytest.mark.parametrize("call", UNSEEN.values(), ids=UNSEEN)
+def test_the_saved_bytes_handed_on_unseen_make_it_wait_for_the_stream(followed, call):
+    """A raw pointer (a kernel launch reads it) or a custom op given the saved
+    memory: the guard cannot see what copies it, so it waits for the stream."""
+    buffer, host, dev, watch, recorded = followed
+    with copies.follow(watch):
+        call(buffer, host, dev)
+    assert recorded == [] and watch.blind, watch.blind
+
+
+def test_a_call_it_cannot_follow_makes_it_wait_for_the_stream(followed, monkeypatch):
+    buffer, host, dev, watch, recorded = followed
+
+    def broken(value):  # noqa: ANN001, ANN202
+        raise ValueError("no bounds")
+
+    monkeypatch.setattr(watch, "hits", broken)
+    with copies.follow(watch):
+        assert dev[:9].copy_(host, non_blocking=True) is not None
+    assert "could not follow" in watch.blind and "no bounds" in watch.blind
+
+
+def test_bounds_are_the_bytes_a_view_spans():
+    import numpy as np
+
+    buffer = torch.arange(32, dtype=torch.int32)
+    start = buffer.data_ptr()
+    assert copies._bounds(buffer[2:10]) == (start + 8, start + 40)
+    assert copies._bounds(buffer[::4]) == (start, start + 29 * 4)
+    assert copies._bounds(buffer.view(4, 8).t()) == (start, start + 128)
+    assert copies._bounds(buffer[5:5])[0] == copies._bounds(buffer[5:5])[1]
+    array = buffer.numpy()[3:7]
+    assert copies._bounds(array) == (start + 12, start + 28)
+    assert copies._bounds(np.flip(buffer.numpy())) == (start, start + 128)
+
+
+def _on_a_gpu(monkeypatch):  # noqa: ANN001, ANN202
+    """``save`` as on a GPU with pinned host values (the watch and pinning
+    asked of fakes), the wait recorded; what the guard decides is its own."""
+    waits: list = []
+    device = torch.device("cuda", 0)
+    monkeypatch.setattr(copies, "watch", lambda d: copies.Watch(device))
+    monkeypatch.setattr(copies, "_pinned", lambda value: True)
+    monkeypatch.setattr(copies, "_record", lambda w, d: w.events.update({1: d}))
+    monkeypatch.setattr(copies, "wait", lambda w: waits.append(w))
+    shared = harness.shared_metadata(harness.Batch(4))
+    shared.query_start_loc = on_device(shared.query_start_loc)
+    return shared, waits
+
+
+def test_a_capture_that_queues_no_copy_there_waits_for_nothing(monkeypatch):
+    """vLLM's ROCm captures at serving time: host writes and device work, no
+    copy on the saved memory: the guard follows, and has nothing to wait for."""
+    shared, waits = _on_a_gpu(monkeypatch)
+
+    def capture(metadata):  # noqa: ANN001, ANN202
+        metadata.query_start_loc.fill_(0)  # the device offsets (#25985)
+        metadata.query_start_loc_cpu.fill_(0)  # 0.27/0.28's host write
+
+    guard.guarded_call(capture, "NoCopy", shared)
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
+    (watch,) = waits
+    assert watch.ranges and not watch.events and watch.blind is None
+
+
+def test_a_copy_there_is_waited_for_and_the_host_kept(monkeypatch):
+    shared, waits = _on_a_gpu(monkeypatch)
+
+    def capture(metadata):  # noqa: ANN001, ANN202
+        metadata.query_start_loc_cpu.zero_()
+        metadata.query_start_loc.copy_(metadata.query_start_loc_cpu, True)
+
+    guard.guarded_call(capture, "CopiesThere", shared)
+    (watch,) = waits
+    assert watch.events == {1: torch.device("cuda", 0)} and watch.blind is None
+    assert shared.query_start_loc.tolist() == [0] * 5  # what it copied, zeros
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
+
+
+def test_a_device_tensor_over_the_saved_memory_waits_for_the_stream(
+    monkeypatch, caplog
+):
+    """A device tensor in the metadata over the saved pinned memory (Model
+    Runner V2's buffers on a GPU): a kernel reads it where it lies, unseen;
+    the guard waits for the stream, and says so once per builder class."""
+    shared, waits = _on_a_gpu(monkeypatch)
+    shared.__dict__["query_start_loc_view"] = on_device(shared.query_start_loc_cpu)
+    with caplog.at_level(logging.INFO, logger="vllm.capture_guard"):
+        guard.guarded_call(_zeroes, "HoldsAView", shared)
+        guard.guarded_call(_zeroes, "HoldsAView", shared)
+    assert [w.blind for w in waits] == [
+        "query_start_loc_view, a device tensor over shared pinned host memory"
+    ] * 2
+    said = [r.getMessage() for r in caplog.records if "cannot see" in r.getMessage()]
+    assert len(said) == 1 and "HoldsAView's capture" in said[0], said
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
