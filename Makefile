@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 
 env: $(VENV)/.ready
 
-$(VENV)/.ready: requirements/cpu.txt pyproject.toml scripts/make-env.sh
+$(VENV)/.ready: requirements/cpu.txt requirements/cpu-nodeps.txt pyproject.toml scripts/make-env.sh
 	scripts/make-env.sh $(VENV) $(VENV_VLLM)
 
 # VLLM_VERSION picks the release that check and test run on. The venv holds

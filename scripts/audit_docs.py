@@ -70,7 +70,7 @@ def cell(text: str) -> str:
 
 def main_table(out: AuditResult) -> list[str]:
     later = [s.name for s in out.later if not s.problem]
-    head = ["backend", "builder", "CG support", "CPU writes", "device writes"]
+    head = ["backend", "model", "builder", "CG support", "CPU writes", "device writes"]
     head += [f"then {s}" for s in later] + ["verdict"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for b in out.backends:
@@ -83,6 +83,7 @@ def main_table(out: AuditResult) -> list[str]:
         by = {s.later: s.verdict for s in b.sequenced}
         row = [
             f"`{b.name}`",
+            b.family or "-",
             builder,
             b.cudagraph_support or "?",
             code(b.cpu_writes),
@@ -258,7 +259,18 @@ def render(runs: dict[str, Run]) -> str:
         "",
         f"**Coverage: built {off.built} of {off.registered} registered "
         f"backends on a CPU-only machine** ({per_registry}); "
-        f"{off.captured} ran their capture.",
+        f"{off.captured} ran their capture. Skipped, by cause: "
+        + (", ".join(f"{c} {n}" for c, n in off.skipped_by_cause.items()) or "none")
+        + "; built, capture cannot run here, by cause: "
+        + (
+            ", ".join(f"{c} {n}" for c, n in off.not_captured_by_cause.items())
+            or "none"
+        )
+        + ".",
+        "",
+        "Simulated on this host (no GPU; see [audit.md](audit.md)): "
+        + ("; ".join(off.simulated) or "nothing")
+        + ".",
         "",
         f"Capture batches: {', '.join(off.batches)}. Later builders (each in "
         f"its own KV-cache group, run after the audited capture on the same "
@@ -288,12 +300,15 @@ def render(runs: dict[str, Run]) -> str:
         "",
         "## Skipped: cannot be built on this machine",
         "",
-        "| registry | backend | reason |",
-        "|---|---|---|",
+        "| registry | backend | cause | needs | reason |",
+        "|---|---|---|---|---|",
     ]
     for b in off.backends:
         if b.status != "built":
-            out.append(f"| {b.registry} | `{b.name}` | {cell(b.reason)} |")
+            out.append(
+                f"| {b.registry} | `{b.name}` | {b.cause} | {cell(b.needs or '')} "
+                f"| {cell(b.reason or '')} |"
+            )
     out += [
         "",
         "## How to read this",

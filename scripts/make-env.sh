@@ -37,6 +37,8 @@ fi
 step() { echo "make-env: $1 ($((SECONDS - start)) s)"; }
 step "installing requirements/cpu.txt"
 "${pip[@]}" -r "$root/requirements/cpu.txt" 2>&1 | quiet_pip
+step "installing requirements/cpu-nodeps.txt (no dependencies)"
+"${pip[@]}" --no-deps -r "$root/requirements/cpu-nodeps.txt" 2>&1 | quiet_pip
 # vLLM's full dependency set needs CUDA wheels that fail on a CPU machine; its
 # Python code needs only what requirements/cpu.txt holds.
 step "installing vllm==$version (no dependencies)"

@@ -126,17 +126,25 @@ def test_a_backend_registered_through_vllm_that_writes_cpu_metadata_is_flagged()
 # -- the CLI, in fresh interpreters, as a user runs it ---------------------------
 
 
-def _audit_json(guard: str) -> tuple[int, schema.AuditResult]:
+def _audit_json(guard: str, fresh: bool = False) -> tuple[int, schema.AuditResult]:
     proc = run_fresh(
-        ["-m", "vllm_capture_guard", "audit", "--json"], VLLM_CAPTURE_GUARD=guard
+        ["-m", "vllm_capture_guard", "audit", "--json"],
+        fresh=fresh,
+        VLLM_CAPTURE_GUARD=guard,
     )
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc.returncode, schema.from_json(proc.stdout)
 
 
+#: What every remaining skip must be told by.
+CAUSES = {"placeholder", "hardware", "compiled extension", "package"}
+
+
 @pytest.mark.slow
 def test_cli_audit_flags_rocm_cpu_offsets_without_the_guard(rocm_affected):
-    rc, out = _audit_json("off")
+    """A fresh interpreter, as a user runs it (Triton's interpreter on, the
+    device simulated); also the wider audit's coverage, on every release."""
+    rc, out = _audit_json("off", fresh=True)
     assert out.guard_mode == "off" and out.guard.startswith("VLLM_CAPTURE_GUARD=off")
     by = {b.name: b for b in out.backends}
     assert out.registered == len(out.backends) and out.built >= 10
@@ -148,6 +156,34 @@ def test_cli_audit_flags_rocm_cpu_offsets_without_the_guard(rocm_affected):
     if rocm_affected:
         assert set(ROCM) <= set(out.cpu_writers)
         assert by["ROCM_ATTN"].verdict is Verdict.HAZARD
+    _assert_every_family_is_seen(out)
+
+
+def _assert_every_family_is_seen(out: schema.AuditResult) -> None:
+    """Both ROCm backends built and captured (0.33's module imports under the
+    simulated MI300X); MLA, sparse MLA and DeepSeek-V4 built from their own
+    models; every skip told by one of the four causes, and counted."""
+    by = {b.name: b for b in out.backends}
+    for name in ROCM:
+        assert by[name].captured, (name, by[name].reason, by[name].captures)
+    built = [b for b in out.backends if b.status is schema.Built.BUILT]
+    assert {"minimax_m3", "deepseek_v32", "deepseek_v4"} <= {b.family for b in built}
+    for b in built:
+        if b.family == "deepseek_v32":  # the indexer's builder runs after it
+            assert [s.later for s in b.sequenced] == ["DEEPSEEK_V32_INDEXER"], b.name
+        # MLA from DeepSeek-V3 (0.27.1's MLA layer needs a compiled prefill)
+        if b.name == "TRITON_MLA":
+            assert b.family == "deepseek_v3" and b.captured, b
+    skipped = [b for b in out.backends if b.status is schema.Built.SKIPPED]
+    assert {b.cause for b in skipped} <= CAUSES, [(b.name, b.reason) for b in skipped]
+    assert sum(out.skipped_by_cause.values()) == len(skipped)
+    assert all(b.needs for b in skipped)
+    # Triton kernels ran in Triton's interpreter: the sparse captures ran
+    assert any(s.startswith("Triton kernels") for s in out.simulated), out.simulated
+    sparse = [b for b in built if b.family in ("deepseek_v32", "deepseek_v4")]
+    assert sparse and all(b.captured for b in sparse), [
+        (b.name, b.captures) for b in sparse if not b.captured
+    ]
 
 
 @pytest.mark.slow

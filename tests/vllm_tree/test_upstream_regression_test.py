@@ -350,11 +350,14 @@ def test_the_same_backends_build_in_every_form_of_a_release(runs):
     "scenario", [s for s in SCENARIOS if s.audit], ids=lambda s: s.id
 )
 def test_generic_test_agrees_with_the_audit(runs, scenario):
-    """Same process, same vLLM, same platform: the audit builds the backends
-    the generic test builds, flags (``cpu_writers``) the ones it fails on, with
-    the same host and device fields, and runs a capture wherever the test does;
-    the one difference is a backend that is never captured in a full graph
-    (``NEVER``), which the test skips and the audit runs anyway."""
+    """Same process, same vLLM, same platform: the audit builds every backend
+    the generic test builds (and more: it builds each backend from the model
+    its family serves, with the device simulated), flags (``cpu_writers``),
+    among those, the ones the test fails on, and, for the backends both build
+    from the same MiniMax-M3 config, finds the same host and device fields
+    wherever the test captured; the one difference is a backend that is never
+    captured in a full graph (``NEVER``), which the test skips and the audit
+    runs anyway."""
     run = runs[scenario.id]
     audit = run.audit
     assert audit is not None and "error" not in audit, (audit, run.output[-4000:])
@@ -365,17 +368,20 @@ def test_generic_test_agrees_with_the_audit(runs, scenario):
     assert audit["registered"] == len(run.generic) == len(reports)
     assert set(reports) == set(run.generic)
     built = {k for k, b in reports.items() if b["status"] == "built"}
-    assert built == run.built()
-    assert set(audit["cpu_writers"]) == {k.removeprefix("mamba-") for k in run.failed()}
+    assert run.built() <= built, run.built() - built
+    tested = {k.removeprefix("mamba-") for k in run.built()}
+    failed = {k.removeprefix("mamba-") for k in run.failed()}
+    assert set(audit["cpu_writers"]) & tested == failed
     for backend in run.built():
         case, report = run.generic[backend], reports[backend]
         assert case.props["builder"] == report["builder_class"].rsplit(".", 1)[1]
+        if report["family"] != "minimax_m3":
+            continue  # the audit built it from its own family's model
         assert case.props["cudagraph_support"] == report["cudagraph_support"]
         if case.props["cudagraph_support"] == "NEVER":
             assert case.outcome == "skipped", backend
             continue
         if case.outcome == "skipped":  # its capture cannot run here
-            assert report["verdict"] == "not run", (backend, report)
             continue
         assert report["captured"], (backend, report)
         assert case.props["host_writes"].split(",") == (report["cpu_writes"] or [""])

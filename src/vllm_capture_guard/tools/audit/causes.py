@@ -92,6 +92,7 @@ def classify(reason: str) -> tuple[Cause, str]:
     for needle, need in (
         ("NVIDIA driver", "an NVIDIA GPU (its driver)"),
         ("CUDA error", "an NVIDIA GPU (CUDA's runtime)"),
+        ("must be a cuda device", "an NVIDIA GPU (a CUDA device)"),
         ("Torch not compiled with CUDA", "a GPU (torch's CUDA or HIP)"),
         ("requires a CUDA device", "an NVIDIA GPU (its device capability)"),
         ("'function' object is not subscriptable", "a GPU to launch its Triton kernel"),

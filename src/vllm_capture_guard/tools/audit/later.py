@@ -90,6 +90,8 @@ def applies(name: str) -> bool:
     MiniMax-M3 indexer exists only in some releases)."""
     if name == MINIMAX_M3_INDEXER_MSA:
         return importlib.util.find_spec(MSA_MODULE) is not None
+    if name == DEEPSEEK_V41_INDEXER:
+        return importlib.util.find_spec(layers.V4_PACKAGES[DEEPSEEK_V41]) is not None
     return True
 
 

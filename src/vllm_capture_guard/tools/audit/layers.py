@@ -154,10 +154,9 @@ class Layer:
 
 
 def _kwargs(fn: Any, **given: Any) -> dict[str, Any]:
-    """``given`` less the parameters ``fn`` does not take (releases differ)."""
+    """``given`` less the parameters ``fn`` does not name (releases differ;
+    a ``**kwargs`` of ``fn`` may forward them where they do not belong)."""
     params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return given
     return {k: v for k, v in given.items() if k in params}
 
 
@@ -187,10 +186,13 @@ def prefill_backend(vllm_config: Any) -> Any:
     try:
         return get_mla_prefill_backend(vllm_config)
     except Exception:
-        if not hasattr(vllm_config.attention_config, "mla_prefill_backend"):
+        cpu = getattr(MLAPrefillBackendEnum, "CPU", None)
+        if cpu is None or not hasattr(
+            vllm_config.attention_config, "mla_prefill_backend"
+        ):
             return None
         vllm_config.attention_config = copy(vllm_config.attention_config)
-        vllm_config.attention_config.mla_prefill_backend = MLAPrefillBackendEnum.CPU
+        vllm_config.attention_config.mla_prefill_backend = cpu
         return get_mla_prefill_backend(vllm_config)
 
 

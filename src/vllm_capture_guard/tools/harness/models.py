@@ -142,7 +142,6 @@ TINY_DEEPSEEK_V4: dict[str, Any] = {
     "n_shared_experts": 1,
     "num_experts_per_tok": 2,
     "layer_types": _V4_LAYERS,
-    "mlp_layer_types": ["moe"] * 3,
     "compress_rates": {
         "compressed_sparse_attention": 4,
         "heavily_compressed_attention": 128,
