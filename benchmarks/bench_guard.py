@@ -82,7 +82,7 @@ class Clock:
     capture's own, on the calling thread."""
 
     def __init__(self) -> None:
-        from vllm_capture_guard.runtime import guard as g
+        from vllm_capture_guard.runtime.guard import install as g
 
         self.guard = self.capture = 0.0
         self.calls = 0

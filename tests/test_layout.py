@@ -76,3 +76,29 @@ def test_no_source_file_is_longer_than_one_reader_holds():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert not long, long
+
+
+#: What loads inside ``vllm serve``, as ruff formats it (``make lint`` checks
+#: the format): at most this many lines, none kept from ruff by ``fmt: skip``.
+RUNTIME_CEILING = 1250
+
+
+def test_the_runtime_is_small_and_formatted_as_ruff_formats_it():
+    runtime = sorted((PACKAGE / "runtime").rglob("*.py"))
+    skipped = [
+        str(p.relative_to(PACKAGE)) for p in runtime if "fmt: skip" in p.read_text()
+    ]
+    assert not skipped, f"fmt: skip in the runtime: {skipped}"
+    lines = sum(len(p.read_text().splitlines()) for p in runtime)
+    assert lines <= RUNTIME_CEILING, f"the runtime has {lines} lines"
+
+
+def test_the_guard_is_a_part_of_its_own_split_by_job():
+    guard = PACKAGE / "runtime" / "guard"
+    assert sorted(p.name for p in guard.glob("*.py")) == [
+        "__init__.py",  # reading the metadata
+        "copies.py",  # the copies and the wait
+        "install.py",  # where it is installed, and the guarded call
+        "keep.py",  # saving and putting back
+    ]
+    assert not (PACKAGE / "runtime" / "patches" / "rocm_attn_cpu_offsets.py").exists()

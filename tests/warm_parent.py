@@ -39,8 +39,8 @@ PLATFORM: list[str | None] = [None]
 VERDICT: dict = {"ok": False, "problems": ["not checked yet"], "platform": None}
 
 _ASK_RUNTIME = (
-    "import json; from vllm_capture_guard.runtime import plugin; "
-    "print(json.dumps(plugin.watched()))"
+    "import json; from vllm_capture_guard.runtime.patches import PATCHES; "
+    "print(json.dumps(sorted({m for p in PATCHES for m in p.modules})))"
 )
 
 

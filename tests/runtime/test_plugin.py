@@ -108,7 +108,7 @@ def fresh_plugin(monkeypatch, caplog):
     """register() as in a new process, logging to a test logger."""
     monkeypatch.setattr(plugin, "_report", None)
     monkeypatch.setenv(switch.ENV, "on")
-    monkeypatch.setattr(plugin, "_logger", lambda: logging.getLogger("cg-test"))
+    monkeypatch.setattr(base, "LOG", logging.getLogger("cg-test"))
     caplog.set_level(logging.INFO, logger="cg-test")
     yield caplog
     clear_hooks()

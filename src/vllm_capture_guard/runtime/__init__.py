@@ -1,3 +1,2 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The runtime wing, the only code that runs inside ``vllm serve``: small, and
-importing no tools module, no vLLM attention module at load, no CUDA/HIP."""
+"""The runtime wing, all that runs inside ``vllm serve`` (no tools, no CUDA/HIP)."""

@@ -1,8 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What every change the plugin makes shares: a :class:`Patch` imports no vLLM
-module and runs none of vLLM's code: it looks at what vLLM imported (``plan``)
-and installs its change there, idempotently, under one lock. Also the marker
-on every function installed, and the log of what is said once."""
+"""A :class:`Patch` looks at what vLLM imported (``plan``) and changes it there
+(``install``), idempotently, under one lock; and the log of what is said once."""
 
 from __future__ import annotations
 
@@ -15,28 +13,23 @@ import threading
 from types import ModuleType
 from typing import Any, ClassVar
 
-from vllm_capture_guard.runtime import switch
+from vllm_capture_guard.runtime import hooks, switch
 
-#: On every function we install: what it replaced in the class's own
-#: ``__dict__`` (None where the class only inherited it).
-MARKER = "__vllm_capture_guard_original__"
+MARKER = "__vllm_capture_guard_original__"  # on ours: what we replaced, or None
 LOCK = threading.RLock()
 
 
 class Status(str, enum.Enum):
     NEEDED, PATCHED, ALREADY = "needed", "patched", "already patched"
     NOT_NEEDED, UNAVAILABLE, DISABLED = "not needed", "unavailable", "disabled"
-    INCOMPLETE = "incomplete"  # installed, but a WARNING says what it cannot reach
-    FAILED = "failed"
+    INCOMPLETE, FAILED = "incomplete", "failed"  # incomplete: a WARNING says why
 
     def __str__(self) -> str:
         return self.value
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What a patch found or did; ``data``: what ``install`` needs."""
-
+class Outcome:  # what a patch found or did; ``data``: what ``install`` needs
     patch: str
     status: Status
     detail: str
@@ -77,10 +70,7 @@ def subclasses(root: type) -> list[type]:
     return order
 
 
-class Patch:
-    """One upstream fix: ``plan`` (NEEDED, ALREADY or NOT_NEEDED) and
-    ``install``; ``tools.revert`` undoes it."""
-
+class Patch:  # ``plan`` (NEEDED, ALREADY or NOT_NEEDED), ``install``
     name: ClassVar[str]  # log lines, status, VLLM_CAPTURE_GUARD_DISABLE
     pr: ClassVar[str]  # the upstream pull request, e.g. "#51585"
     modules: ClassVar[tuple[str, ...]]  # whose import applies it
@@ -98,10 +88,8 @@ class Patch:
             why = f"listed in {switch.DISABLE_ENV}; vLLM's code is unchanged"
             return Outcome(self.name, Status.DISABLED, why)
         for name in self.modules:  # the first that vLLM has imported
-            module = sys.modules.get(name)
-            spec = getattr(module, "__spec__", None)
-            if module is not None and not getattr(spec, "_initializing", False):
-                return self.plan(module)
+            if hooks.complete(name):
+                return self.plan(sys.modules[name])
         why = f"{', '.join(self.modules)} not imported (yet)"
         return Outcome(self.name, Status.UNAVAILABLE, why)
 
@@ -115,7 +103,7 @@ class Patch:
             return Outcome(self.name, Status.PATCHED, self.install(plan), plan.warning)
 
 
-_log = logging.getLogger("vllm.capture_guard")
+LOG = logging.getLogger("vllm.capture_guard")  # vLLM's handler and format
 _said: set[str] = set()
 
 
@@ -125,7 +113,7 @@ def say(message: str, warning: bool = False) -> None:
         if message in _said:
             return
         _said.add(message)
-    (_log.warning if warning else _log.info)(f"vllm-capture-guard: {message}")
+    (LOG.warning if warning else LOG.info)(f"vllm-capture-guard: {message}")
 
 
 def short(e: BaseException) -> str:

@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Post-import hooks, as ``wrapt.when_imported`` without wrapt: a finder first
-on ``sys.meta_path`` wraps a watched module's loader for one call, so hooks
-run right after the module body, once, never breaking the import; one asked
-for mid-import runs at the next import after that module is complete."""
+"""Post-import hooks, as ``wrapt.when_imported`` without wrapt: a finder first on
+``sys.meta_path`` wraps a watched module's loader once, so hooks run right after
+the module body, never breaking the import (one asked mid-import: at the next)."""
 
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ def _take(name: str) -> list[tuple[Hook, OnError]]:
         return _pending.pop(name, [])
 
 
-def _complete(name: str) -> bool:
+def complete(name: str) -> bool:  # imported, its body run
     spec = getattr(sys.modules.get(name), "__spec__", None)
     return name in sys.modules and not getattr(spec, "_initializing", False)
 
@@ -44,7 +43,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if _deferred:
             with _lock:
-                ready = [n for n in _deferred if _complete(n)]
+                ready = [n for n in _deferred if complete(n)]
                 _deferred.difference_update(ready)
             for name in ready:
                 _run(name, sys.modules[name], _take(name))
@@ -91,7 +90,7 @@ def when_imported(name: str, hook: Hook, on_error: OnError) -> None:
     with _lock:
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
-        if not _complete(name):
+        if not complete(name):
             _pending.setdefault(name, []).append((hook, on_error))
             if name in sys.modules:  # being imported right now
                 _deferred.add(name)

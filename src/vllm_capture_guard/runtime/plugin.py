@@ -1,25 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vLLM general plugin (group ``vllm.general_plugins``): vLLM calls
-:func:`register` in every process. It reads the switches and sets post-import
-hooks (no attention module imported, no CUDA/HIP initialised); each patch
-applies when vLLM imports what it changes, and all again before vLLM makes
-its builders. Logged once per change; nothing here raises into vLLM."""
+"""The vLLM general plugin: :func:`register`, in every process, reads the switches
+and sets post-import hooks; each patch applies when vLLM imports what it changes
+(and all again before vLLM makes its builders). Nothing here raises into vLLM."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import logging
-import threading
 
 from vllm_capture_guard.runtime import base, hooks, switch
 
 PREFIX = "vllm-capture-guard"
+PATCHES = "vllm_capture_guard.runtime.patches"  # imported only once the plugin acts
 
 
 @dataclasses.dataclass
-class Report:
-    """What the plugin did in this process so far."""
-
+class Report:  # what the plugin did in this process so far
     mode: str
     action: str  # armed, patched, incomplete, not needed, disabled, skipped, failed
     message: str
@@ -28,23 +25,8 @@ class Report:
 
 
 _report: Report | None = None
-_lock = threading.RLock()
+_lock = base.LOCK
 _warned: set[str] = set()
-
-
-def _patches():  # noqa: ANN202
-    from vllm_capture_guard.runtime import patches  # only once the plugin acts
-
-    return patches
-
-
-def _logger() -> logging.Logger:
-    try:  # a child of vLLM's logger: vLLM's handler and format
-        from vllm.logger import init_logger
-
-        return init_logger("vllm.capture_guard")
-    except Exception:
-        return logging.getLogger("vllm.capture_guard")
 
 
 def platform_name() -> tuple[bool, str]:
@@ -58,16 +40,13 @@ def platform_name() -> tuple[bool, str]:
 
 def vllm_version() -> str:
     try:
-        from importlib.metadata import version
-
-        return version("vllm")
+        return importlib.metadata.version("vllm")
     except Exception:
         return "unknown"
 
 
 def _summarise(report: Report) -> None:
-    s = base.Status
-    found = {o.status for o in report.outcomes.values()}
+    s, found = base.Status, {o.status for o in report.outcomes.values()}
     if report.failures or s.FAILED in found:
         report.action = "failed"
     elif s.INCOMPLETE in found:
@@ -93,8 +72,8 @@ def _fail(log: logging.Logger, what: str, error: BaseException) -> None:
 
 def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
     """Apply every patch to what vLLM has imported; log what is new."""
-    log, s = log or _logger(), base.Status
-    for patch in _patches().PATCHES:
+    log, s = log or base.LOG, base.Status
+    for patch in importlib.import_module(PATCHES).PATCHES:
         with _lock:
             if patch.reverted or _report is None:
                 continue
@@ -105,10 +84,8 @@ def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
                 continue
             if outcome.status is s.UNAVAILABLE:
                 continue  # nothing imported yet
-            before = _report.outcomes.get(patch.name)
-            new = before is None or (
-                outcome != before and outcome.status is not s.ALREADY
-            )
+            old = _report.outcomes.get(patch.name)
+            new = old is None or (outcome != old and outcome.status is not s.ALREADY)
             if new:
                 _report.outcomes[patch.name] = outcome
                 _summarise(_report)
@@ -120,11 +97,6 @@ def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
             log.info(f"{PREFIX}: {outcome} on vLLM {vllm_version()}{when}")
 
 
-def watched() -> list[str]:
-    """Every module whose import makes the plugin act."""
-    return sorted({m for p in _patches().PATCHES for m in p.modules})
-
-
 def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
     if mode is switch.Mode.OFF:
         return Report("off", "disabled", f"{switch.ENV}=off; vLLM is unchanged")
@@ -133,7 +105,7 @@ def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
         if not is_rocm:
             why = f"platform is {name}, not ROCm (set {switch.ENV}=on to act anyway)"
             return Report("auto", "skipped", why)
-    patches = _patches()
+    patches = importlib.import_module(PATCHES)
     if unknown := patches.unknown_disabled():
         log.warning(f"{PREFIX}: {unknown}")
     global _report
@@ -141,7 +113,7 @@ def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
     for patch in patches.PATCHES:
         patch.reverted = False  # armed now: a revert() from before does not count
     on_error = lambda name, e: _fail(log, f"hook for {name}", e)  # noqa: E731
-    for name in watched():
+    for name in sorted({m for p in patches.PATCHES for m in p.modules}):
         hooks.when_imported(name, lambda _m: apply_all(log), on_error)
     return _report
 
@@ -152,7 +124,7 @@ def register() -> None:
     with _lock:
         if _report is not None:  # loaded twice in one process: nothing more
             return
-        log = _logger()
+        log = base.LOG
         try:
             mode, problem = switch.read_mode()
             if problem:
@@ -163,9 +135,8 @@ def register() -> None:
                 log.info(f"{PREFIX}: {report.message}")
         except Exception as e:
             _report = Report("?", "failed", f"{type(e).__name__}: {e}")
-            log.warning(
-                f"{PREFIX}: failed ({_report.message}); vLLM goes on unpatched."
-            )
+            why = _report.message
+            log.warning(f"{PREFIX}: failed ({why}); vLLM goes on unpatched.")
 
 
 def report() -> Report | None:

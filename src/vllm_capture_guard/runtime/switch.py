@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The switches, read here only. ``VLLM_CAPTURE_GUARD``: ``auto`` (default:
-act on ROCm only), ``on`` (``1``, ``true``, ``yes``: act anywhere) or ``off``
-(``0``, ``false``, ``no``). ``VLLM_CAPTURE_GUARD_DISABLE``: patch names, comma
-separated, to leave out."""
+"""The switches, read here only: ``VLLM_CAPTURE_GUARD`` is ``auto`` (default: on
+ROCm only), ``on`` (``1``, ``true``, ``yes``) or ``off`` (``0``, ``false``, ``no``);
+``VLLM_CAPTURE_GUARD_DISABLE``: patch names, comma separated, to leave out."""
 
 from __future__ import annotations
 
@@ -34,10 +33,8 @@ def read_mode(environ: Mapping[str, str] | None = None) -> tuple[Mode, str | Non
         return mode, None
     shown = repr(raw)
     shown = shown if len(shown) <= ECHO_LIMIT else shown[: ECHO_LIMIT - 3] + "..."
-    return Mode.AUTO, (
-        f"{ENV}={shown} is not one of auto, on (1, true, yes), off (0, false, no); "
-        "using 'auto'"
-    )
+    words = "auto, on (1, true, yes), off (0, false, no)"
+    return Mode.AUTO, f"{ENV}={shown} is not one of {words}; using 'auto'"
 
 
 def disabled_patches(environ: Mapping[str, str] | None = None) -> frozenset[str]:

@@ -17,7 +17,7 @@ import torch
 
 from tests.fake_device import DeviceTensor, on_device
 from vllm_capture_guard.runtime import guard
-from vllm_capture_guard.runtime.guard import copies, keep
+from vllm_capture_guard.runtime.guard import copies, install, keep
 from vllm_capture_guard.tools import harness
 
 
@@ -61,7 +61,7 @@ def test_the_host_values_are_told_after_the_wait(monkeypatch):
         shared.query_start_loc_cpu.zero_()
 
     order = _waiting(monkeypatch, late_copy)
-    guard.guarded_call(lambda m: None, "LateCopy", shared)
+    install.guarded_call(lambda m: None, "LateCopy", shared)
     assert order == ["cuda:0"]
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
     assert guard.SEEN["LateCopy"]["wrote"] == {"query_start_loc_cpu": 4}
@@ -74,7 +74,7 @@ def test_a_device_error_at_the_wait_reaches_vllm_after_the_put_back(monkeypatch)
     _waiting(monkeypatch, _device_fault)
     shared = harness.shared_metadata(harness.Batch(2))
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        guard.guarded_call(_zeroes, "Faults", shared)
+        install.guarded_call(_zeroes, "Faults", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
 
 
@@ -87,7 +87,7 @@ def test_a_capture_that_raises_keeps_its_own_error(monkeypatch):
         raise ValueError("the capture's own")
 
     with pytest.raises(ValueError, match="the capture's own"):
-        guard.guarded_call(capture, "RaisesToo", shared)
+        install.guarded_call(capture, "RaisesToo", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
 
 
@@ -109,7 +109,7 @@ def test_the_guards_own_failure_to_wait_is_one_warning(monkeypatch, caplog, erro
     shared = harness.shared_metadata(harness.Batch(2))
     owner = f"CannotWait{type(error).__name__}{len(str(error))}"
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        assert guard.guarded_call(_zeroes, owner, shared) == "built"
+        assert install.guarded_call(_zeroes, owner, shared) == "built"
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(said) == 1 and f"could not wait for {owner}'s capture" in said[0], said
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
@@ -127,8 +127,8 @@ def test_inside_a_stream_capture_it_puts_back_at_once_with_one_warning(
     _waiting(monkeypatch, never, mark=copies.CAPTURING)
     shared = harness.shared_metadata(harness.Batch(2))
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        guard.guarded_call(_zeroes, "InsideAGraph", shared)
-        guard.guarded_call(_zeroes, "InsideAGraph", shared)
+        install.guarded_call(_zeroes, "InsideAGraph", shared)
+        install.guarded_call(_zeroes, "InsideAGraph", shared)
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(said) == 1 and "inside an active stream capture" in said[0], said
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
@@ -182,27 +182,31 @@ def test_the_wait_runs_relaxed_and_gives_the_mode_back(monkeypatch, exchanged):
     assert calls == expected + ([("exchange", 0)] if exchanged == 0 else [])
 
 
-def test_pinned_is_told_by_torch_and_unknown_counts_as_pinned():
+def test_pinned_is_told_by_torch_and_an_unreadable_array_waits_for_the_stream():
     import numpy as np
 
     assert copies._pinned(torch.zeros(3)) is False
-    assert copies._pinned(np.zeros(3)) is False
+    pageable = copies.Watch(torch.device("cuda", 0))
+    pageable.add("array", np.zeros(3))  # an array: asked through torch
+    assert (pageable.ranges, pageable.blind) == ([], None)
     frozen = np.zeros(3)
     frozen.flags.writeable = False
-    assert copies._pinned(frozen) is True  # torch cannot tell: wait
-    assert copies._pinned(np.array([object()])) is True
+    for name, value in (("frozen", frozen), ("objects", np.array([object()]))):
+        watch = copies.Watch(torch.device("cuda", 0))
+        watch.add(name, value)  # torch cannot tell: wait for the stream
+        assert watch.blind and watch.blind.startswith(name), watch.blind
 
 
 def test_no_wait_where_nothing_is_on_a_gpu(monkeypatch):
     """All on the CPU (or a device that only reports a GPU): nothing to
     follow or wait for, and CUDA is never asked."""
     monkeypatch.setattr(copies, "wait", lambda watch: pytest.fail("waited"))
-    monkeypatch.setattr(copies, "follow", lambda watch: pytest.fail("followed"))
+    monkeypatch.setattr(copies, "_mode", lambda: pytest.fail("followed"))
     shared = harness.shared_metadata(harness.Batch(2))
     assert keep.save(shared)[2] is None
     shared.query_start_loc = shared.query_start_loc.as_subclass(DeviceTensor)
     assert keep.save(shared)[2] is None
-    guard.guarded_call(lambda m: None, "NoWait", shared)
+    install.guarded_call(lambda m: None, "NoWait", shared)
     assert not torch.cuda.is_initialized()
 
 
@@ -215,25 +219,44 @@ def _host_sum(x: torch.Tensor) -> torch.Tensor:
     return x.sum().reshape(1)
 
 
+class _Stream:
+    def __init__(self, device) -> None:  # noqa: ANN001
+        self.device, self.cuda_stream = str(device), hash(str(device))
+
+
+def fake_cuda(monkeypatch) -> list[str]:  # noqa: ANN001
+    """``torch.cuda`` as the guard asks it for an event after a copy: the
+    devices of the streams events are recorded on, in order."""
+    recorded: list[str] = []
+
+    class Event:
+        def record(self, stream):  # noqa: ANN001, ANN202
+            recorded.append(stream.device)
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(copies, "_exchange", lambda: lambda mode: 1)
+    return recorded
+
+
 @pytest.fixture
 def followed(monkeypatch):
     """A runner-like buffer whose first 9 values are a saved pinned host value
     (as the metadata's ``query_start_loc_cpu[:n + 1]`` is a view of the
     runner's buffer), a device tensor (a CPU tensor that says ``cuda:0``), and
-    the guard's watch over the saved bytes; recorded events are the devices
-    they would be recorded on."""
+    the guard's watch over the saved bytes; recorded events are the devices of
+    the streams they would be recorded on."""
     buffer = torch.arange(16, dtype=torch.int32)
     host, dev = buffer[:9], on_device(torch.zeros(16, dtype=torch.int32))
     watch = copies.Watch(torch.device("cuda", 0))
-    copies.add(watch, "query_start_loc_cpu", host)  # torch says not pinned here
-    watch.ranges.append(copies._bounds(host))  # as on a GPU, where it is
-    recorded: list[str] = []
-    monkeypatch.setattr(copies, "_record", lambda w, d: recorded.append(str(d)))
-    return buffer, host, dev, watch, recorded
+    watch.ranges.append(copies._bounds(host))  # as on a GPU, where it is pinned
+    return buffer, host, dev, watch, fake_cuda(monkeypatch)
 
 
 FOLLOWED = {
     "copy_-to-device": lambda b, h, d: d[:9].copy_(h, non_blocking=True),
+    "blocking": lambda b, h, d: d[:9].copy_(h),
     "whole-buffer": lambda b, h, d: d.copy_(b, non_blocking=True),
     "copy_-to-host": lambda b, h, d: h.copy_(d[:9], non_blocking=True),
     "a-view-positional": lambda b, h, d: d[:4].copy_(h[1:5], True),
@@ -244,7 +267,6 @@ FOLLOWED = {
     ),
 }
 NOT_FOLLOWED = {
-    "blocking": lambda b, h, d: d[:9].copy_(h),
     "another-slice": lambda b, h, d: d[:4].copy_(b[12:], non_blocking=True),
     "host-work": lambda b, h, d: (h.zero_(), h + 1, torch.diff(h), h.tolist()),
     "stays-on-host": lambda b, h, d: h.to(torch.float32, non_blocking=True),
@@ -260,10 +282,11 @@ UNSEEN = {
 
 
 @pytest.mark.parametrize("call", FOLLOWED.values(), ids=FOLLOWED)
-def test_a_non_blocking_copy_on_the_saved_bytes_is_followed(followed, call):
+def test_a_copy_of_the_saved_bytes_is_followed(followed, call):
     """An event after it, on its device's stream: a copy either way whose
     source or destination overlaps the saved bytes (the byte range, not the
-    object: the whole buffer, a view, an array over the same memory)."""
+    object: the whole buffer, a view, an array over the same memory). A
+    blocking one's event is done at once (it synchronised its stream)."""
     buffer, host, dev, watch, recorded = followed
     with copies.follow(watch):
         call(buffer, host, dev)
@@ -272,8 +295,8 @@ def test_a_non_blocking_copy_on_the_saved_bytes_is_followed(followed, call):
 
 @pytest.mark.parametrize("call", NOT_FOLLOWED.values(), ids=NOT_FOLLOWED)
 def test_what_queues_no_copy_on_the_saved_bytes_is_not_followed(followed, call):
-    """Nothing to wait for: a blocking copy is done when it returns, another
-    part of the buffer is not the saved bytes, host work is done at once."""
+    """Nothing to wait for: another part of the buffer is not the saved bytes,
+    host work is done at once, device work reads no host memory."""
     buffer, host, dev, watch, recorded = followed
     with copies.follow(watch):
         call(buffer, host, dev)
@@ -302,18 +325,24 @@ def test_a_call_it_cannot_follow_makes_it_wait_for_the_stream(followed, monkeypa
     assert "could not follow" in watch.blind and "no bounds" in watch.blind
 
 
-def test_bounds_are_the_bytes_a_view_spans():
+def test_bounds_are_the_bytes_a_value_lies_in(monkeypatch):
+    """A dense tensor's own bytes; a strided one's whole storage (a superset:
+    more copies followed, none missed); an array's through torch, and one
+    torch cannot read makes the guard wait for the stream."""
     import numpy as np
 
     buffer = torch.arange(32, dtype=torch.int32)
     start = buffer.data_ptr()
     assert copies._bounds(buffer[2:10]) == (start + 8, start + 40)
-    assert copies._bounds(buffer[::4]) == (start, start + 29 * 4)
+    assert copies._bounds(buffer[::4]) == (start, start + 128)
     assert copies._bounds(buffer.view(4, 8).t()) == (start, start + 128)
-    assert copies._bounds(buffer[5:5])[0] == copies._bounds(buffer[5:5])[1]
-    array = buffer.numpy()[3:7]
-    assert copies._bounds(array) == (start + 12, start + 28)
-    assert copies._bounds(np.flip(buffer.numpy())) == (start, start + 128)
+    assert len(set(copies._bounds(buffer[5:5]))) == 1  # no bytes
+    watch = copies.Watch(torch.device("cuda", 0))
+    monkeypatch.setattr(copies, "_pinned", lambda value: True)
+    watch.add("array", buffer.numpy()[3:7])  # an array: through torch
+    watch.add("flipped", np.flip(buffer.numpy()))  # torch cannot read it
+    assert watch.ranges == [(start + 12, start + 28)], watch.ranges
+    assert watch.blind and watch.blind.startswith("flipped"), watch.blind
 
 
 def _on_a_gpu(monkeypatch):  # noqa: ANN001, ANN202
@@ -323,7 +352,7 @@ def _on_a_gpu(monkeypatch):  # noqa: ANN001, ANN202
     device = torch.device("cuda", 0)
     monkeypatch.setattr(copies, "watch", lambda d: copies.Watch(device))
     monkeypatch.setattr(copies, "_pinned", lambda value: True)
-    monkeypatch.setattr(copies, "_record", lambda w, d: w.events.update({1: d}))
+    fake_cuda(monkeypatch)
     monkeypatch.setattr(copies, "wait", lambda w: waits.append(w))
     shared = harness.shared_metadata(harness.Batch(4))
     shared.query_start_loc = on_device(shared.query_start_loc)
@@ -339,7 +368,7 @@ def test_a_capture_that_queues_no_copy_there_waits_for_nothing(monkeypatch):
         metadata.query_start_loc.fill_(0)  # the device offsets (#25985)
         metadata.query_start_loc_cpu.fill_(0)  # 0.27/0.28's host write
 
-    guard.guarded_call(capture, "NoCopy", shared)
+    install.guarded_call(capture, "NoCopy", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
     (watch,) = waits
     assert watch.ranges and not watch.events and watch.blind is None
@@ -352,9 +381,10 @@ def test_a_copy_there_is_waited_for_and_the_host_kept(monkeypatch):
         metadata.query_start_loc_cpu.zero_()
         metadata.query_start_loc.copy_(metadata.query_start_loc_cpu, True)
 
-    guard.guarded_call(capture, "CopiesThere", shared)
+    install.guarded_call(capture, "CopiesThere", shared)
     (watch,) = waits
-    assert watch.events == {1: torch.device("cuda", 0)} and watch.blind is None
+    assert list(watch.events) == [_Stream("cuda:0").cuda_stream], watch.events
+    assert watch.blind is None
     assert shared.query_start_loc.tolist() == [0] * 5  # what it copied, zeros
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
 
@@ -368,10 +398,10 @@ def test_a_device_tensor_over_the_saved_memory_waits_for_the_stream(
     shared, waits = _on_a_gpu(monkeypatch)
     shared.__dict__["query_start_loc_view"] = on_device(shared.query_start_loc_cpu)
     with caplog.at_level(logging.INFO, logger="vllm.capture_guard"):
-        guard.guarded_call(_zeroes, "HoldsAView", shared)
-        guard.guarded_call(_zeroes, "HoldsAView", shared)
+        install.guarded_call(_zeroes, "HoldsAView", shared)
+        install.guarded_call(_zeroes, "HoldsAView", shared)
     assert [w.blind for w in waits] == [
-        "query_start_loc_view, a device tensor over shared pinned host memory"
+        "query_start_loc_view, a device tensor over the saved memory"
     ] * 2
     said = [r.getMessage() for r in caplog.records if "cannot see" in r.getMessage()]
     assert len(said) == 1 and "HoldsAView's capture" in said[0], said

@@ -21,8 +21,7 @@ import torch
 from tests.fake_device import DeviceTensor
 from vllm_capture_guard.runtime import guard, switch
 from vllm_capture_guard.runtime.base import Status, is_guarded, original_of
-from vllm_capture_guard.runtime.guard import keep
-from vllm_capture_guard.runtime.guard.fields import fields_of
+from vllm_capture_guard.runtime.guard import fields_of, install, keep
 from vllm_capture_guard.tools import harness
 from vllm_capture_guard.tools.contract import CPU
 from vllm_capture_guard.tools.fixes import by_name
@@ -192,7 +191,7 @@ def test_rebinds_and_lazy_caches_reach_the_shared_metadata(rocm):
         return "built"
 
     before = shared.query_start_loc_cpu.clone()
-    assert guard.guarded_call(capture, "Fake", shared) == "built"
+    assert install.guarded_call(capture, "Fake", shared) == "built"
     assert shared.max_seq_len == 7 and shared.__dict__[cache] is filled
     assert torch.equal(shared.query_start_loc_cpu, before)  # in place: put back
     assert shared.query_start_loc.eq(0).all()  # device: lands (#25985)
@@ -212,7 +211,7 @@ def test_the_capture_sees_its_own_writes_and_the_runners_buffers():
         seen["alias"] = metadata.host_alias_cpu.tolist()
         return "built"
 
-    guard.guarded_call(capture, "Fake", shared)
+    install.guarded_call(capture, "Fake", shared)
     assert seen == {"same": True, "alias": [0] * 5}
     assert shared.host_alias_cpu.tolist() == harness.Batch(4).offsets()
 
@@ -227,7 +226,7 @@ def test_a_tensor_in_a_container_is_put_back_in_place_and_stays_the_runners():
         metadata.vendor_ranges["offsets"] = torch.zeros(4)
         metadata.vendor_ranges["spans"].append((1, 2))
 
-    guard.guarded_call(capture, "Containers", shared)
+    install.guarded_call(capture, "Containers", shared)
     assert shared.vendor_ranges["offsets"] is runners
     assert runners.tolist() == [0, 1, 2, 3]
     assert shared.vendor_ranges["spans"] == [(0, 1)]
@@ -238,7 +237,7 @@ def test_nan_where_nan_was_is_no_write(caplog):
     shared.__dict__["scale_cpu"] = torch.tensor([float("nan"), 1.0])
     shared.__dict__["scale_strided_cpu"] = torch.full((4,), float("nan"))[::2]
     with caplog.at_level(logging.INFO, logger="vllm.capture_guard"):
-        guard.guarded_call(lambda m: None, "NaNs", shared)
+        install.guarded_call(lambda m: None, "NaNs", shared)
     said = [r.getMessage() for r in caplog.records if "NaNs" in r.getMessage()]
     assert said and "wrote no shared host value" in said[0], said
 
@@ -251,9 +250,9 @@ def test_a_nested_capture_on_other_metadata_is_guarded_too():
         metadata.query_start_loc_cpu.zero_()
 
     def capture(metadata):
-        return guard.guarded_call(nested, "Inner", inner)
+        return install.guarded_call(nested, "Inner", inner)
 
-    guard.guarded_call(capture, "Outer", outer)
+    install.guarded_call(capture, "Outer", outer)
     assert inner.query_start_loc_cpu.tolist() == harness.Batch(3).offsets()
     assert guard.SEEN["Inner"]["wrote"] == {"query_start_loc_cpu": 3}
 
@@ -265,7 +264,7 @@ def test_a_write_that_bypasses_torchs_version_counter_is_put_back():
     def capture(metadata):
         metadata.query_start_loc_cpu.numpy()[:] = 0
 
-    guard.guarded_call(capture, "Numpy", shared)
+    install.guarded_call(capture, "Numpy", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
 
 
@@ -302,7 +301,7 @@ def test_slotted_metadata_is_read_as_a_dataclass_is():
         cm = _slotted(cls, harness.Batch(4), **lazy)
         assert not vars(cm) if cls is sub else not hasattr(cm, "__dict__")
         assert "query_start_loc_cpu" in fields_of(cm)
-        guard.guarded_call(capture, cls.__name__, cm)
+        install.guarded_call(capture, cls.__name__, cm)
         assert cm.query_start_loc_cpu.tolist() == harness.Batch(4).offsets(), cls
         assert all(getattr(cm, n) is None for n in lazy)  # its property not read
 
@@ -313,7 +312,7 @@ def test_no_property_is_read():
     shared = harness.shared_metadata(harness.Batch(4))
     shared.__dict__["_seq_lens_cpu"] = None
     shared.__dict__["_num_computed_tokens_cpu"] = None
-    guard.guarded_call(lambda m: None, "Lazy", shared)
+    install.guarded_call(lambda m: None, "Lazy", shared)
     assert shared._seq_lens_cpu is None and shared._num_computed_tokens_cpu is None
 
 
@@ -324,7 +323,7 @@ def test_containers_are_put_back():
     def capture(metadata):
         metadata.vendor_ranges[0].append((1, 2))
 
-    guard.guarded_call(capture, "Fake", shared)
+    install.guarded_call(capture, "Fake", shared)
     assert shared.vendor_ranges == {0: [(0, 1)]}
 
 
@@ -347,7 +346,7 @@ def test_host_is_where_a_tensor_lives_when_the_device_fields_are_on_a_gpu():
         metadata.vendor_array[:] = 0
         metadata.query_start_loc.zero_()
 
-    guard.guarded_call(capture, "Fake", shared)
+    install.guarded_call(capture, "Fake", shared)
     assert neutral.tolist() == harness.Batch(4).offsets()
     assert shared.vendor_array.tolist() == [0, 1, 2, 3]
     assert shared.query_start_loc.eq(0).all()
@@ -432,8 +431,8 @@ def test_a_metadata_it_cannot_read_runs_vllms_own_call_with_one_warning(caplog):
         return "built"
 
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        assert guard.guarded_call(zeroes, "Unreadable", cm) == "built"
-        assert guard.guarded_call(zeroes, "Unreadable", cm) == "built"
+        assert install.guarded_call(zeroes, "Unreadable", cm) == "built"
+        assert install.guarded_call(zeroes, "Unreadable", cm) == "built"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "ran unguarded" in warnings[0], warnings  # once
     assert offsets.eq(0).all()
@@ -450,7 +449,7 @@ def test_memory_that_moved_is_never_written_and_the_others_are_put_back(caplog):
         metadata.workspace_cpu.untyped_storage().resize_(0)
 
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        guard.guarded_call(capture, "Frees", shared)
+        install.guarded_call(capture, "Frees", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "could not keep workspace_cpu" in warnings[0]
@@ -470,7 +469,7 @@ def test_a_value_it_cannot_save_leaves_the_others_guarded(caplog):
         metadata.query_start_loc_cpu.zero_()
 
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        guard.guarded_call(capture, "Unsaveable", shared)
+        install.guarded_call(capture, "Unsaveable", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "could not keep vendor_state" in warnings[0]
@@ -480,5 +479,5 @@ def test_a_failure_after_the_capture_never_reaches_vllm(monkeypatch, caplog):
     shared = harness.shared_metadata(harness.Batch(2))
     monkeypatch.setattr(keep, "put_back", lambda *a: 1 / 0)
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        assert guard.guarded_call(lambda m: "built", "Broken", shared) == "built"
+        assert install.guarded_call(lambda m: "built", "Broken", shared) == "built"
     assert any("could not put back" in r.getMessage() for r in caplog.records)

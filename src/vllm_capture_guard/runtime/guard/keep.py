@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Saving and putting back: the host values of a metadata before its capture,
-and, after it, each one changed in place put back in place."""
+"""Saving and putting back: a metadata's host values before its capture, and
+after it, each one changed in place put back in place."""
 
 from __future__ import annotations
 
@@ -10,29 +10,22 @@ import sys
 from typing import Any
 
 from vllm_capture_guard.runtime.base import short
-from vllm_capture_guard.runtime.guard import copies
-from vllm_capture_guard.runtime.guard.fields import fields_of, is_host_field
+from vllm_capture_guard.runtime.guard import copies, fields_of, is_host_field
 
 PLAIN = frozenset({type(None), bool, int, float, str})
 string_at = ctypes.string_at
 
 
 def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
-    """``([(field, value, copy, pointer)], [fields not saved], watch, size)``
-    for each host value, also in containers (a dense tensor's copy is its
-    bytes); ``watch``: what :mod:`copies` follows during the capture."""
+    """``([(field, value, copy, pointer)], [not saved], watch, size)`` of each
+    host value, also in containers (a dense tensor's copy is its bytes)."""
     fields, torch = fields_of(metadata), sys.modules.get("torch")
     device = getattr(fields.get("query_start_loc"), "device", None)
     on_device = getattr(device, "type", "cpu") != "cpu"
     watch = copies.watch(device) if on_device else None
-    todo, devices = [], []
-    for name, value in fields.items():
-        if type(value) in PLAIN:
-            continue
-        # device tensors are not saved, only looked at: over pinned memory?
-        (devices if getattr(value, "is_cpu", 1) is False else todo).append(
-            (name, value)
-        )
+    follow = watch if type(watch) is copies.Watch else None  # pinned bytes to note
+    todo = [(n, v) for n, v in fields.items() if type(v) not in PLAIN]
+    todo = [(n, v) for n, v in todo if getattr(v, "is_cpu", 1) is not False]  # host
     saved, failed, seen = [], [], set()
     top, tensor = len(todo), torch.Tensor if torch is not None else ()
     for i, (name, value) in enumerate(todo):  # todo grows with containers
@@ -47,7 +40,7 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
                         saved.append((name, value, string_at(ptr, value.nbytes), ptr))
                     else:  # not one dense block of memory: a copy by torch
                         saved.append((name, value, value.clone(), None))
-                    copies.add(watch, name, value)
+                    follow and follow.add(name, value)
             elif isinstance(value, (dict, list, tuple)):
                 items = value.items() if isinstance(value, dict) else enumerate(value)
                 todo += [(f"{name}[{k!r}]", v) for k, v in items]
@@ -55,10 +48,10 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
                     saved.append((name, value, copy.copy(value), None))
             elif hasattr(value, "__array__") and hasattr(value, "copy"):  # numpy
                 saved.append((name, value, value.copy(), None))
-                copies.add(watch, name, value)
+                follow and follow.add(name, value)
         except Exception as e:  # that value alone goes unsaved
             failed.append(f"{name} ({short(e)})")
-    watch = copies.settled(watch, devices)
+    watch = follow.settled(fields) if follow else watch
     return saved, failed, watch, fields.get("num_actual_tokens", "?")
 
 

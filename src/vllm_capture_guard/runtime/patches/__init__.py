@@ -1,8 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Backports of upstream vLLM fixes, one module per fix, each deletable once
-the release that has the fix is the oldest supported; and :data:`PATCHES`,
-every change the plugin makes: the capture guard first (``runtime/guard/``,
-which stays, whatever the release), then the backports."""
+"""Backports of upstream fixes, one module each, deletable once the release with
+the fix is the oldest supported; :data:`PATCHES`: the capture guard, then them."""
 
 from __future__ import annotations
 
@@ -23,8 +21,6 @@ NAMES = frozenset(p.name for p in PATCHES)
 def unknown_disabled() -> str | None:
     """Names in ``VLLM_CAPTURE_GUARD_DISABLE`` that are no patch, or None."""
     if unknown := ", ".join(sorted(switch.disabled_patches() - NAMES)):
-        known = ", ".join(sorted(NAMES))
-        return (
-            f"{switch.DISABLE_ENV} names no patch: {unknown} (the patches are {known})"
-        )
+        known, env = ", ".join(sorted(NAMES)), switch.DISABLE_ENV
+        return f"{env} names no patch: {unknown} (the patches are {known})"
     return None

@@ -1,14 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Capture CUDA graphs on the current stream (backport of PR #53818, in 0.29.0;
-delete when 0.29.0 is the oldest supported).
-
-Symptom: full-graph capture dies at start-up, e.g. AITER's ``splitk workspace
-not initialized for the current CUDA stream``. Cause: three sites call
-``torch.cuda.graph(...)`` with no stream, so torch captures on a side stream.
-How: each site gets a copy of its function whose globals read ``torch``,
-``torch.cuda`` and ``torch.cuda.graph`` (under any name) as stand-ins that
-pass vLLM's ``current_stream()`` where the stream is None; torch is never
-changed. Its source is read only to say what the copy cannot reach."""
+delete when 0.29.0 is the oldest supported): without a stream torch captures on
+its own side stream, where AITER has no split-K workspace. Each site gets a copy
+of its function reading ``torch``, ``torch.cuda`` and ``torch.cuda.graph`` (any
+name) as stand-ins that fill in ``current_stream()``; torch is never changed."""
 
 from __future__ import annotations
 
@@ -24,12 +19,12 @@ from typing import Any
 from vllm_capture_guard.runtime import base
 
 #: (module, class, function): the call sites that PR #53818 changed.
+_WORKER = "vllm.v1.worker."
 SITES = (
-    ("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager", "capture"),
-    ("vllm.v1.worker.encoder_cudagraph", "EncoderCudaGraphManager",
-     "_capture_budget_graph"),
+    (_WORKER + "gpu.cudagraph_utils", "CudaGraphManager", "capture"),
+    (_WORKER + "encoder_cudagraph", "EncoderCudaGraphManager", "_capture_budget_graph"),
     ("vllm.v1.spec_decode.gemma4", "Gemma4Proposer", "_setup_centroids_cuda_graphs"),
-)  # fmt: skip
+)
 
 
 def current_stream() -> Any:
@@ -163,10 +158,8 @@ class GraphCaptureStream(base.Patch):
         return base.Outcome(self.name, status, detail, warning or None, todo)
 
     def install(self, plan: base.Outcome) -> str:
-        copies = [
-            (cls, name, copy_of(cls.__dict__[name])) for _, cls, name in plan.data
-        ]
-        for cls, name, new in copies:  # every copy made before any is set
+        made = [(c, n, copy_of(c.__dict__[n])) for _, c, n in plan.data]
+        for cls, name, new in made:  # every copy made before any is set
             setattr(cls, name, new)
         return plan.detail + f" (backport of PR {self.pr})"
 

@@ -1,15 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``ROCM_AITER_UNIFIED_ATTN`` gets upstream's own builder, whose capture leaves
-the query offsets alone (backport of PR #53821, in 0.29.0; delete when 0.29.0
-is the oldest supported).
-
-Symptom: its graphs replay on zeroed query offsets. Cause: on 0.27/0.28 it
-uses ``RocmAttentionMetadataBuilder``, whose capture zeroes the device
-``query_start_loc`` the AITER kernel reads at replay. How: its
-``get_builder_cls()``, and each subclass's own, returns a subclass of what it
-returned before with upstream's capture (``self.build(0, ...)``, ``seq_lens``
-set to 1), bound under upstream's name; a vendor's capture replaced gets a
-WARNING."""
+"""``ROCM_AITER_UNIFIED_ATTN`` gets upstream's builder (backport of PR #53821, in
+0.29.0; delete when 0.29.0 is the oldest supported): on 0.27/0.28 it uses the
+ROCm builder, whose capture zeroes the device offsets its kernel reads. Its
+``get_builder_cls()`` returns a subclass with upstream's capture (``build(0)``,
+``seq_lens`` set to 1); a vendor's capture replaced gets a WARNING."""
 
 from __future__ import annotations
 
@@ -24,6 +18,8 @@ BUILDER = "RocmAiterUnifiedAttentionMetadataBuilder"
 ROCM = ("vllm.v1.attention.backends.rocm_attn", "RocmAttentionMetadataBuilder")
 METHOD = "build_for_cudagraph_capture"
 GETTER = "get_builder_cls"
+PR = "#53821"
+KEEPS = f"which keeps query_start_loc (backport of PR {PR})"
 _SAVED: dict = {}  # backend module -> what it bound as BUILDER before, or None
 
 
@@ -65,7 +61,7 @@ def backends() -> list[type]:
 
 
 class RocmAiterUnifiedBuilder(base.Patch):
-    name, pr = "rocm-aiter-unified-builder", "#53821"
+    name, pr = "rocm-aiter-unified-builder", PR
     modules = (MODULE,)
 
     def plan(self, module: ModuleType) -> base.Outcome:
@@ -82,10 +78,8 @@ class RocmAiterUnifiedBuilder(base.Patch):
             capture = base.original_of(getattr(parent, METHOD, None))
             if capture not in known:
                 vendors.append(f"{backend.__name__}'s builder {parent.__name__}")
-        warning = vendors and (
-            f"replaced the capture of {', '.join(vendors)}, which is not vLLM's, "
-            f"with upstream's, which keeps query_start_loc (backport of PR {self.pr})"
-        )
+        replaced = f"replaced the capture of {', '.join(vendors)}, which is not vLLM's"
+        warning = vendors and f"{replaced}, with upstream's, {KEEPS}"
         detail = ", ".join(f"{b.__name__} ({p.__name__})" for b, p in data)
         return base.Outcome(
             self.name, base.Status.NEEDED, detail, warning or None, data
@@ -106,7 +100,5 @@ class RocmAiterUnifiedBuilder(base.Patch):
                 _SAVED.setdefault(home.__name__, getattr(home, BUILDER, None))
                 setattr(home, BUILDER, builder)
             setattr(backend, GETTER, staticmethod(get_builder_cls))
-        return (
-            f"{plan.detail}: {GETTER} returns a builder with upstream's capture, "
-            f"which keeps query_start_loc (backport of PR {self.pr})"
-        )
+        upstream = f"{GETTER} returns a builder with upstream's capture"
+        return f"{plan.detail}: {upstream}, {KEEPS}"
