@@ -19,6 +19,9 @@
 #       DEST into /tmp, runs pytest tests/gpu in one process, and writes
 #       $OUT (default .gpu/out)/gpu-results.json, gpu-results.md, gpu-tier.log.
 #       GPU_TIER_TESTS picks a part of tests/gpu (default: all of it).
+#       Where prepare was given BASELINE_REF (a commit of this repository),
+#       that commit's own cost test runs in the same run after the tier, so
+#       the guard's cost is compared on one host (baseline-results.json).
 #       With GPU_TIER_MUTATIONS=1 it then runs the tests that must catch a
 #       broken guard against one (tests/gpu/conftest.py, GPU_TIER_MUTATE) and
 #       adds what they said to the results (gpu-mutations.log).
@@ -99,6 +102,14 @@ prepare() {
   "$python" -m pip download -q --no-deps --only-binary=:all: \
     --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
     -d "$dest/wheels" -r "$root/requirements/gpu-tier.txt"
+
+  # 2b. The code of BASELINE_REF, for the cost comparison (none by default).
+  rm -rf "$dest/baseline"
+  if [[ -n ${BASELINE_REF:-} ]]; then
+    mkdir -p "$dest/baseline"
+    git -C "$root" archive "$BASELINE_REF" src tests | tar -xf - -C "$dest/baseline"
+    git -C "$root" rev-parse --short "$BASELINE_REF" >"$dest/baseline/COMMIT"
+  fi
 
   # 3. A snapshot of the code under test.
   rm -rf "$dest/repo" && mkdir -p "$dest/repo"
@@ -184,6 +195,9 @@ run() {
   if [[ -n ${GPU_TIER_MUTATIONS:-} ]]; then
     mutations "$out"
   fi
+  if [[ -d $dest/baseline/src ]]; then
+    baseline "$out"
+  fi
   if [[ -s $GPU_TIER_RESULTS ]]; then
     python3 - "$GPU_TIER_RESULTS" $((SECONDS - t0)) <<'PY'
 import json, sys
@@ -197,6 +211,26 @@ PY
   fi
   echo "gpu-tier: pytest exit $rc, $((SECONDS - t0)) s"
   return $rc
+}
+
+# The guard's cost at BASELINE_REF, on this host, beside this run's.
+baseline() {
+  local out=$1 summary
+  summary=$(cd "$dest/baseline" && GPU_TIER_RESULTS="$out/baseline-results.json" \
+    PYTHONPATH="$site:$dest/meta:$dest/baseline/src:$dest/baseline" \
+    python3 -m pytest tests/gpu/test_guard_cost.py -q -p no:cacheprovider \
+    -k 51_capture_sizes 2>&1 | tail -n 1 || true)
+  echo "baseline $(cat "$dest/baseline/COMMIT"): $summary"
+  python3 - "$GPU_TIER_RESULTS" "$out/baseline-results.json" \
+    "$(cat "$dest/baseline/COMMIT")" "$summary" <<'PY'
+import json, os, sys
+path, other, ref, summary = sys.argv[1:]
+data = json.load(open(path))
+found = json.load(open(other)) if os.path.exists(other) else {}
+start_up = (found.get("cost") or {}).get("start_up")
+data["baseline_cost"] = {"ref": ref, "pytest": summary, "start_up": start_up}
+json.dump(data, open(path, "w"), indent=1)
+PY
 }
 
 # Each mutation of the guard, and the tests that must fail against it.

@@ -98,7 +98,7 @@ def render(data: dict) -> str:
             f"| {all(s['within_tolerance'] for s in steps)} "
             f"| {not c['control_within_tolerance']} |"
         )
-    lines += _cost(data.get("cost"))
+    lines += _cost(data.get("cost"), data.get("baseline_cost"))
     lines += _serving(data.get("serving_loop"))
     lines += _async_copies(data.get("async_copies"))
     lines += _host_by_device(data.get("host_by_device"))
@@ -130,8 +130,9 @@ def _mutations(found: dict | None) -> list[str]:
     return lines
 
 
-def _cost(found: dict | None) -> list[str]:
-    """The guard's own time by phase (tests/gpu/test_guard_cost.py)."""
+def _cost(found: dict | None, data_baseline: dict | None = None) -> list[str]:
+    """The guard's own time by phase (tests/gpu/test_guard_cost.py), and the
+    same at another commit, on the same host (``baseline_cost``)."""
     if not found or "start_up" not in found:
         return []
     run, lines = found["start_up"], ["", "## The guard's cost", ""]
@@ -162,6 +163,13 @@ def _cost(found: dict | None) -> list[str]:
         lines.append(
             f"- this host's speed: a fixed loop of 10^6 Python iterations took "
             f"{run['python_loop_ms']:.0f} ms"
+        )
+    base = (data_baseline.get("start_up") or {}) if data_baseline else {}
+    for backend, one in (base.get("per_start_up") or {}).items():
+        lines.append(
+            f"- the runtime at {data_baseline['ref']}, on this host in this run: "
+            f"one start-up with {backend}: {one['ms']:.2f} ms, waiting "
+            f"{one['wait']:.2f} ms"
         )
     for backend, dummy in (found.get("dummy_batch") or {}).items():
         lines.append(
