@@ -20,7 +20,7 @@
 #       $OUT (default .gpu/out)/gpu-results.json, gpu-results.md, gpu-tier.log.
 #       GPU_TIER_TESTS picks a part of tests/gpu (default: all of it).
 #       Where prepare was given BASELINE_REF (a commit of this repository),
-#       that commit's own cost test runs in the same run after the tier, so
+#       the cost test runs again after the tier on that commit's runtime, so
 #       the guard's cost is compared on one host (baseline-results.json).
 #       With GPU_TIER_MUTATIONS=1 it then runs the tests that must catch a
 #       broken guard against one (tests/gpu/conftest.py, GPU_TIER_MUTATE) and
@@ -107,7 +107,7 @@ prepare() {
   rm -rf "$dest/baseline"
   if [[ -n ${BASELINE_REF:-} ]]; then
     mkdir -p "$dest/baseline"
-    git -C "$root" archive "$BASELINE_REF" src tests | tar -xf - -C "$dest/baseline"
+    git -C "$root" archive "$BASELINE_REF" src | tar -xf - -C "$dest/baseline"
     git -C "$root" rev-parse --short "$BASELINE_REF" >"$dest/baseline/COMMIT"
   fi
 
@@ -216,8 +216,9 @@ PY
 # The guard's cost at BASELINE_REF, on this host, beside this run's.
 baseline() {
   local out=$1 summary
-  summary=$(cd "$dest/baseline" && GPU_TIER_RESULTS="$out/baseline-results.json" \
-    PYTHONPATH="$site:$dest/meta:$dest/baseline/src:$dest/baseline" \
+  # this run's cost test, on BASELINE_REF's runtime and tools
+  summary=$(cd "$dest/repo" && GPU_TIER_RESULTS="$out/baseline-results.json" \
+    PYTHONPATH="$site:$dest/meta:$dest/baseline/src:$dest/repo" \
     python3 -m pytest tests/gpu/test_guard_cost.py -q -p no:cacheprovider \
     -k 51_capture_sizes 2>&1 | tail -n 1 || true)
   echo "baseline $(cat "$dest/baseline/COMMIT"): $summary"

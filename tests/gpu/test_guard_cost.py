@@ -3,7 +3,7 @@
 waiting for the copies it followed, comparing, putting back, timed around the
 guard's own functions; following the copies while the capture runs, as the
 difference against the same captures with following turned off,
-``tools.cost.unfollowed``, the least of three runs of each).
+``tools.cost.unfollowed``; the least of five runs of each, phase by phase).
 
 1. vLLM's 51 FULL capture sizes (512 down to 1, derived by vLLM's own
    code), run as the model runner runs them: persistent buffers on the GPU
@@ -32,7 +32,8 @@ import pytest
 import torch
 
 from tests.gpu import async_copies
-from vllm_capture_guard.tools.cost import account, unfollowed
+from vllm_capture_guard.tools import cost
+from vllm_capture_guard.tools.cost import account
 
 pytestmark = [
     pytest.mark.gpu,
@@ -53,13 +54,15 @@ def _spent(spent: dict) -> dict:
 
 
 def _python_speed() -> float:
-    """Milliseconds for a fixed pure-Python loop on this host: the guard's
-    cost is Python work, so hosts differ by about this much."""
-    t0 = time.perf_counter()
-    total = 0
-    for i in range(1_000_000):
-        total += i & 7
-    return (time.perf_counter() - t0) * 1e3
+    """Milliseconds for a fixed pure-Python loop on this host (the least of
+    five): the guard's cost is Python work, so hosts differ by about this much."""
+    best = float("inf")
+    for _ in range(5):
+        t0, total = time.perf_counter(), 0
+        for i in range(1_000_000):
+            total += i & 7
+        best = min(best, (time.perf_counter() - t0) * 1e3)
+    return best
 
 
 def _capture_all(builders, buffers, batch, fill: bool = True) -> float:  # noqa: ANN001
@@ -111,7 +114,7 @@ def _start_up(builders, buffers, batches, follow: bool) -> tuple[dict, float]:  
     torch.cuda.synchronize()
     with account() as spent, contextlib.ExitStack() as stack:
         if not follow:
-            stack.enter_context(unfollowed())
+            stack.enter_context(cost.unfollowed())
         captures = sum(_capture_all(builders, buffers, b) for b in batches)
     torch.cuda.synchronize()
     return _spent(spent), captures
@@ -122,15 +125,19 @@ def test_the_guard_over_vllms_51_capture_sizes(setup):
     one after the other; the figures per start-up and over both."""
     batches, groups, buffers, results = setup
     assert len(batches) == 51, [b.label() for b in batches]
-    per = {}
+    per, speed = {}, _python_speed()
+    # a runtime that follows no copies (an older one) is timed as it is
+    follows = (True, False) if hasattr(cost, "unfollowed") else (True,)
     for backend in BACKENDS:
         runs = {True: [], False: []}
         builders = groups[backend]
-        for _ in range(3):  # following and not, in turn; the least of each
-            for follow in (True, False):
+        for _ in range(5):  # following and not, in turn; the least of each
+            for follow in follows:
                 runs[follow].append(_start_up(builders, buffers, batches, follow))
         phases, captures = min(runs[True], key=lambda r: r[1])
-        bare = min(r[1] for r in runs[False])
+        phases = {k: min(r[0][k] for r in runs[True]) for k in phases}
+        phases["ms"] = sum(v for k, v in phases.items() if k not in ("calls", "ms"))
+        bare = min((r[1] for r in runs[False]), default=captures)
         follow_ms = max(0.0, (captures - bare) * 1e3)
         per[backend] = {**phases, "follow": follow_ms, "captures_s": captures}
         per[backend]["ms"] += follow_ms
@@ -138,7 +145,7 @@ def test_the_guard_over_vllms_51_capture_sizes(setup):
     total = {k: sum(p[k] for p in per.values()) for k in per[BACKENDS[0]]}
     results["start_up"] = {**total, "sizes": len(batches), "per_start_up": per,
                            "backends": list(BACKENDS),
-                           "python_loop_ms": _python_speed()}  # fmt: skip
+                           "python_loop_ms": min(speed, _python_speed())}  # fmt: skip
     # the goal (8 ms) is read off the results, not asserted: no timed tests
 
 

@@ -26,9 +26,8 @@ _PINNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage: pin
 
 
 class Watch:
-    """A capture's saved pinned bytes (``ranges``), the latest event of each
-    stream a copy of them was queued on, and why it must wait for the stream
-    instead (``blind``), if it must."""
+    """A capture's saved pinned bytes, the latest event of each stream a copy of
+    them was queued on, and why it must wait for the stream instead, if so."""
 
     def __init__(self, device: Any) -> None:
         self.device, self.ranges, self.events, self.blind = device, [], {}, None
@@ -51,11 +50,13 @@ class Watch:
             self.blind = self.blind or f"{name} ({short(e)})"
 
     def settled(self, fields: dict) -> Watch | None:
-        """Self, every value saved; None if no pinned value was saved."""
-        for name, value in fields.items():  # a device tensor over the saved bytes?
-            with contextlib.suppress(Exception):  # kernels read it there, unseen
-                if getattr(value, "is_cpu", 1) is False and self.hits(value):
+        """Self, every value saved; None if no pinned one was."""
+        try:  # a device tensor over the saved bytes: kernels read it there, unseen
+            for name, value in fields.items():
+                if getattr(value, "is_cuda", False) and self.hits(value):
                     self.blind = f"{name}, a device tensor over the saved memory"
+        except Exception as e:  # cannot tell: wait for the stream
+            self.blind = self.blind or f"a device field ({short(e)})"
         return self if self.ranges or self.blind else None
 
 
