@@ -157,7 +157,7 @@ def _cost(found: dict | None, data_baseline: dict | None = None) -> list[str]:
         f"{run.get('follow', 0):.2f} ms, waiting {run['wait']:.2f} ms, comparing "
         f"{run['compare']:.2f} ms, putting back {run['put_back']:.2f} ms "
         "(following: the captures' wall time with it, less without it, the "
-        "least of three runs each)"
+        "least of five runs each)"
     )
     if "python_loop_ms" in run:  # the guard's work is Python: hosts differ
         lines.append(
@@ -167,9 +167,11 @@ def _cost(found: dict | None, data_baseline: dict | None = None) -> list[str]:
     base = (data_baseline.get("start_up") or {}) if data_baseline else {}
     for backend, one in (base.get("per_start_up") or {}).items():
         lines.append(
-            f"- the runtime at {data_baseline['ref']}, on this host in this run: "
-            f"one start-up with {backend}: {one['ms']:.2f} ms, waiting "
-            f"{one['wait']:.2f} ms"
+            f"- the runtime at {data_baseline['ref']}, on this host in this run "
+            f"(the same test, after the tier; the Python loop then took "
+            f"{base.get('python_loop_ms', float('nan')):.0f} ms): one start-up with "
+            f"{backend}: {one['ms']:.2f} ms (saving {one['save']:.2f}, waiting "
+            f"{one['wait']:.2f}, comparing {one['compare']:.2f})"
         )
     for backend, dummy in (found.get("dummy_batch") or {}).items():
         lines.append(
