@@ -20,17 +20,33 @@ registered backend whose builder can be built here, on capture-shaped batches:
 * rebinding a field (FlexAttention's ``max_seq_len``) and filling a lazy cache
   that was ``None`` are allowed: no other builder holds the new object.
 
+Each backend is built as the model it serves would build it: the real
+attention layer of a tiny model of its family (the test writes each
+``config.json``: no weights, no Hub), that layer's KV-cache spec, and the
+KV-cache dtype the backend requires:
+
+* MiniMax-M3 (full attention, and its lightning indexer in the second layer)
+  for every backend that is not MLA, and for the Mamba registry;
+* DeepSeek-V3 (``MLAAttention``) for the MLA backends that are not sparse;
+* DeepSeek-V3.2 (MLA with its indexer) for the other sparse MLA backends;
+* DeepSeek-V4 and V4.1 for the sparse MLA backends of their own packages,
+  with the attention layer of that package that uses the backend.
+
 On a GPU, host values are the tensors in host memory and numpy arrays. On the
 CPU platform every tensor is in host memory, so the metadata is laid out as the
 GPU runner lays it out: the fields in ``DEVICE_FIELDS`` are the device buffers,
 every other tensor or array is a host value with storage of its own.
 
-A backend that cannot be built here (its module, its builder or its KV-cache
-spec needs hardware or packages this host lacks) skips with the reason, and so
-does one whose capture cannot run here at all.
+A backend that cannot be built here skips, naming the hardware, compiled
+extension or package it needs; so does one whose capture cannot run here at
+all, after its host values were checked.
 """
 
+import contextlib
 import dataclasses
+import importlib
+import importlib.util
+import inspect
 import json
 from copy import copy
 
@@ -44,13 +60,14 @@ from tests.v1.attention.utils import (
     create_standard_kv_cache_spec,
     create_vllm_config,
 )
-from vllm.config import set_current_vllm_config
+from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.distributed import (
     cleanup_dist_env_and_memory,
     init_distributed_environment,
     initialize_model_parallel,
 )
 from vllm.platforms import current_platform
+from vllm.triton_utils import HAS_TRITON
 from vllm.v1.attention.backend import AttentionCGSupport
 from vllm.v1.attention.backends.registry import (
     AttentionBackendEnum,
@@ -62,10 +79,7 @@ pytestmark = [
     pytest.mark.skip_global_cleanup,
 ]
 
-BLOCK_SIZE = 128
 HEAD_DIM = 128
-NUM_HEADS = 4
-LAYER = "model.layers.0.self_attn.attn"
 PAD_SLOT_ID = -1
 
 #: The fields the runner keeps in device memory (the CPU platform's layout of
@@ -119,10 +133,13 @@ MIXED_BATCHES = [
     CaptureBatch("mixed_3_pad_4", [70, 33, 129], [7, 1, 1], pad=1),
 ]
 
+# Tiny models, one per attention family. Only their configs are needed: no
+# weights, no Hub access. What the layers and builders read is as released
+# (head sizes, latent ranks, the indexers' sizes); the other widths are small.
+
 # A two-layer MiniMax-M3 (layer 0 full attention, layer 1 sparse with the
-# lightning indexer, whose builder read the host offsets in #51585). Only its
-# config is needed: no weights, no Hub access.
-MINIMAX_M3_CONFIG = {
+# lightning indexer, whose builder read the host offsets in #51585).
+MINIMAX_M3 = {
     "architectures": ["MiniMaxM3SparseForConditionalGeneration"],
     "model_type": "minimax_m3_vl",
     "torch_dtype": "bfloat16",
@@ -146,7 +163,7 @@ MINIMAX_M3_CONFIG = {
             "sparse_index_dim": HEAD_DIM,
             "sparse_num_index_heads": 4,
             "sparse_topk_blocks": 4,
-            "sparse_block_size": BLOCK_SIZE,
+            "sparse_block_size": 128,
             "sparse_disable_index_value": [0, 1],
             "sparse_score_type": "max",
             "sparse_init_block": 0,
@@ -155,6 +172,136 @@ MINIMAX_M3_CONFIG = {
         },
     },
 }
+# DeepSeek-V3's MLA: 576 = 512 latent + 64 rope per token.
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "torch_dtype": "bfloat16",
+    "vocab_size": 1024,
+    "hidden_size": 256,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "q_lora_rank": 128,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+}
+# DeepSeek-V3.2: V3's MLA with the lightning indexer (DeepSeek Sparse
+# Attention), at the released indexer's sizes.
+DEEPSEEK_V32 = {
+    **DEEPSEEK_V3,
+    "architectures": ["DeepseekV32ForCausalLM"],
+    "model_type": "deepseek_v32",
+    "index_topk": 2048,
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+}
+# DeepSeek-V4: 512-wide heads (448 NoPE + 64 RoPE), one KV head; layer 0
+# slides a window, layer 1 compresses by 4 (with the indexer), layer 2 by
+# 128. The schedule is spelled both ways releases read it.
+DEEPSEEK_V4 = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "torch_dtype": "bfloat16",
+    "vocab_size": 1024,
+    "hidden_size": 256,
+    "moe_intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 128,
+    "o_groups": 8,
+    "o_lora_rank": 128,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "layer_types": [
+        "sliding_attention",
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+    ],
+    "compress_rates": {
+        "compressed_sparse_attention": 4,
+        "heavily_compressed_attention": 128,
+    },
+    "compress_ratios": [0, 4, 128],
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+    "index_topk": 512,
+    "sliding_window": 128,
+    "num_nextn_predict_layers": 0,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+}
+# DeepSeek-V4.1: the text model under ``text_config``; its compressed layers
+# compress by 2 and name the layer that holds their KV and indexer.
+DEEPSEEK_V41 = {
+    "architectures": ["DeepseekV41ForCausalLM"],
+    "model_type": "deepseek_v41",
+    "torch_dtype": "bfloat16",
+    "text_config": {
+        **{
+            k: v
+            for k, v in DEEPSEEK_V4.items()
+            if k
+            not in (
+                "architectures",
+                "model_type",
+                "torch_dtype",
+                "layer_types",
+                "compress_rates",
+            )
+        },
+        "mlp_layer_types": ["sparse"] * 3,
+        "compress_ratios": [0, 2, 2],
+        "kv_source_layer_ids": [1],
+        "index_source_layer_ids": [1],
+    },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A tiny model, the block size its KV cache starts from, and the layer
+    whose builder is tested."""
+
+    config: dict
+    block_size: int
+    layer: str
+
+
+FAMILIES = {
+    "minimax_m3": Family(MINIMAX_M3, 128, "model.layers.0.self_attn.attn"),
+    "deepseek_v3": Family(DEEPSEEK_V3, 64, "model.layers.0.self_attn.attn"),
+    "deepseek_v32": Family(DEEPSEEK_V32, 64, "model.layers.0.self_attn.attn"),
+    "deepseek_v4": Family(DEEPSEEK_V4, 256, "model.layers.1.self_attn"),
+    "deepseek_v41": Family(DEEPSEEK_V41, 256, "model.layers.1.self_attn"),
+}
+#: The packages whose sparse MLA backends serve their own model only, and
+#: where they keep each platform's attention layer.
+V4_PACKAGES = {
+    "deepseek_v41": "vllm.models.deepseek_v41",
+    "deepseek_v4": "vllm.models.deepseek_v4",
+}
+V4_LAYER_MODULES = (
+    "nvidia.flashmla",
+    "nvidia.flashinfer_sparse",
+    "nvidia.flash_mla_mega_attn",
+    "amd.rocm",
+)
 
 REGISTERED = [
     pytest.param(member, id=member.name) for member in AttentionBackendEnum
@@ -165,36 +312,33 @@ REGISTERED = [
 
 
 @pytest.fixture(scope="module")
-def base_config(tmp_path_factory):
-    """The tiny MiniMax-M3's VllmConfig, with a world of one."""
-    path = tmp_path_factory.mktemp("minimax_m3")
-    (path / "config.json").write_text(json.dumps(MINIMAX_M3_CONFIG))
-    config = create_vllm_config(
-        model_name=str(path), block_size=BLOCK_SIZE, max_model_len=4096
-    )
-    with set_current_vllm_config(config):
+def family_config(tmp_path_factory):
+    """Each family's VllmConfig, made on first use; with a world of one."""
+    made: dict[str, VllmConfig] = {}
+
+    def get(family: str) -> VllmConfig:
+        if family not in made:
+            path = tmp_path_factory.mktemp(family)
+            (path / "config.json").write_text(json.dumps(FAMILIES[family].config))
+            made[family] = create_vllm_config(
+                model_name=str(path),
+                block_size=FAMILIES[family].block_size,
+                max_model_len=4096,
+            )
+        return made[family]
+
+    first = get("minimax_m3")
+    with set_current_vllm_config(first):
         init_distributed_environment(
             world_size=1,
             rank=0,
-            distributed_init_method=f"file://{path / 'dist_init'}",
+            distributed_init_method=f"file://{tmp_path_factory.mktemp('dist')}/init",
             local_rank=0,
             backend=current_platform.dist_backend,
         )
         initialize_model_parallel(1, 1)
-        yield config
+        yield get
         cleanup_dist_env_and_memory()
-
-
-@pytest.fixture
-def vllm_config(base_config):
-    """A private copy for one backend: what its layer registers or changes
-    reaches no other backend."""
-    config = copy(base_config)
-    config.cache_config = copy(base_config.cache_config)
-    config.compilation_config = copy(base_config.compilation_config)
-    config.compilation_config.static_forward_context = {}
-    with set_current_vllm_config(config):
-        yield config
 
 
 @pytest.fixture
@@ -202,59 +346,193 @@ def device() -> torch.device:
     return torch.device(current_platform.device_type)
 
 
-def _attention_layer(backend, vllm_config):
-    """The layer a model would have for ``backend`` (an MLA one for MLA
-    backends); it registers itself in the config's forward context, where
-    some builders look it up."""
+def _family(member, backend) -> str:
+    """The family whose model serves ``backend``."""
+    if isinstance(member, MambaAttentionBackendEnum) or not backend.is_mla():
+        return "minimax_m3"
+    if not backend.is_sparse():
+        return "deepseek_v3"
+    for family, package in V4_PACKAGES.items():
+        if backend.__module__.startswith(package + "."):
+            return family
+    return "deepseek_v32"
+
+
+def _kv_cache_dtype(backend) -> str:
+    """``auto``, or the first KV-cache dtype of a backend that requires
+    another (an FP8 one)."""
+    declared = list(getattr(backend, "supported_kv_cache_dtypes", None) or [])
+    if not declared or backend.supports_kv_cache_dtype("auto"):
+        return "auto"
+    return str(declared[0])
+
+
+def _block_size(backend, size: int) -> int:
+    """``size`` if the backend's kernels take it, else a size they take."""
+    sizes = backend.get_supported_kernel_block_sizes()
+    for s in sizes:
+        if s == size or (not isinstance(s, int) and size % s.base == 0):
+            return size
+    return next((s for s in sizes if isinstance(s, int)), size)
+
+
+def _private_config(base, backend, family: str):
+    """A copy of the family's config for one backend: what its layer registers
+    or changes reaches no other backend."""
+    config = copy(base)
+    config.cache_config = copy(base.cache_config)
+    config.cache_config.cache_dtype = _kv_cache_dtype(backend)
+    config.cache_config.block_size = _block_size(backend, FAMILIES[family].block_size)
+    config.attention_config = copy(base.attention_config)
+    config.compilation_config = copy(base.compilation_config)
+    config.compilation_config.static_forward_context = {}
+    return config
+
+
+def _given(fn, **kwargs):
+    """The keyword arguments that ``fn`` takes."""
+    names = inspect.signature(fn).parameters
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
+def _mla_prefill_backend(vllm_config):
+    """The MLA layers' dense prefill: the platform's; where none of the
+    platform's can be imported here, vLLM's CPU one, set as a user sets it
+    (the decode-only capture never runs a prefill)."""
+    try:
+        from vllm.v1.attention.backends.mla.prefill.registry import (
+            MLAPrefillBackendEnum,
+        )
+        from vllm.v1.attention.backends.mla.prefill.selector import (
+            get_mla_prefill_backend,
+        )
+    except ImportError:
+        return None
+    try:
+        return get_mla_prefill_backend(vllm_config)
+    except Exception:
+        cpu = getattr(MLAPrefillBackendEnum, "CPU", None)
+        if cpu is None:
+            raise
+        vllm_config.attention_config.mla_prefill_backend = cpu
+        return get_mla_prefill_backend(vllm_config)
+
+
+def _topk_buffer(vllm_config, device):
+    """The model's top-k indices buffer, shared by its sparse layers."""
+    rows = vllm_config.scheduler_config.max_num_batched_tokens
+    topk = vllm_config.model_config.hf_text_config.index_topk
+    return torch.empty((rows, topk), dtype=torch.int32, device=device)
+
+
+def _v4_layer_class(backend, package: str):
+    """The attention layer class of ``package`` whose backend is ``backend``."""
+    base = importlib.import_module(f"{package}.attention").DeepseekV4Attention
+    problem: Exception | None = None
+    for name in (backend.__module__, *(f"{package}.{m}" for m in V4_LAYER_MODULES)):
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except Exception as e:  # a platform's module this host cannot import
+            problem = problem or e
+            continue
+        for obj in vars(module).values():
+            if (
+                isinstance(obj, type)
+                and issubclass(obj, base)
+                and obj.__dict__.get("backend_cls") is backend
+            ):
+                return obj
+    if problem is not None:
+        raise problem
+    raise LookupError(f"no layer of {package} uses {backend.__name__}")
+
+
+def _layer(backend, family: str, vllm_config, device):
+    """The layer ``family``'s model has for ``backend``; it registers itself in
+    the config's forward context, where some builders look it up."""
     from vllm.model_executor.layers.attention import Attention, MLAAttention
     from vllm.model_executor.layers.linear import ColumnParallelLinear
 
-    if not backend.is_mla():
+    layer = FAMILIES[family].layer
+    hf = vllm_config.model_config.hf_text_config
+    if family == "minimax_m3":
         return Attention(
-            num_heads=NUM_HEADS,
+            num_heads=hf.num_attention_heads,
             head_size=HEAD_DIM,
             scale=HEAD_DIM**-0.5,
-            num_kv_heads=1,
+            num_kv_heads=hf.num_key_value_heads,
             cache_config=vllm_config.cache_config,
-            prefix=LAYER,
+            prefix=layer,
             attn_backend=backend,
         )
-    nope, rope, v_dim, rank = 64, 64, 64, 128
-    kv_b_proj = ColumnParallelLinear(
-        rank,
-        NUM_HEADS * (nope + v_dim),
-        bias=False,
-        params_dtype=vllm_config.model_config.dtype,
-        prefix=f"{LAYER}.kv_b_proj",
-    )
-    return MLAAttention(
-        num_heads=NUM_HEADS,
-        scale=(nope + rope) ** -0.5,
-        qk_nope_head_dim=nope,
-        qk_rope_head_dim=rope,
-        v_head_dim=v_dim,
-        q_lora_rank=None,
-        kv_lora_rank=rank,
-        kv_b_proj=kv_b_proj,
-        cache_config=vllm_config.cache_config,
-        prefix=LAYER,
-        attn_backend=backend,
-        use_sparse=backend.is_sparse(),
-    )
+    prefill = _mla_prefill_backend(vllm_config)
+    prefix = layer.removesuffix(".attn")
+    if family == "deepseek_v3":
+        kv_b_proj = ColumnParallelLinear(
+            hf.kv_lora_rank,
+            hf.num_attention_heads * (hf.qk_nope_head_dim + hf.v_head_dim),
+            bias=False,
+            params_dtype=vllm_config.model_config.dtype,
+            prefix=f"{prefix}.kv_b_proj",
+        )
+        kwargs = _given(
+            MLAAttention.__init__,
+            num_heads=hf.num_attention_heads,
+            scale=(hf.qk_nope_head_dim + hf.qk_rope_head_dim) ** -0.5,
+            qk_nope_head_dim=hf.qk_nope_head_dim,
+            qk_rope_head_dim=hf.qk_rope_head_dim,
+            v_head_dim=hf.v_head_dim,
+            q_lora_rank=hf.q_lora_rank,
+            kv_lora_rank=hf.kv_lora_rank,
+            kv_b_proj=kv_b_proj,
+            cache_config=vllm_config.cache_config,
+            prefix=layer,
+            attn_backend=backend,
+            prefill_backend_cls=prefill,
+        )
+        return MLAAttention(**kwargs)
+    topk = _topk_buffer(vllm_config, device)
+    if family == "deepseek_v32":
+        from vllm.models.deepseek_v32.attention import DeepseekV32Attention
+
+        kwargs = _given(
+            DeepseekV32Attention.__init__,
+            topk_indices_buffer=topk,
+            attn_backend=backend,
+        )
+        return DeepseekV32Attention(vllm_config, hf, prefix, **kwargs)
+    cls = _v4_layer_class(backend, V4_PACKAGES[family])
+    return cls(vllm_config, layer, **_given(cls.__init__, topk_indices_buffer=topk))
 
 
-def _written_out_spec(backend, vllm_config):
+def _written_out_spec(family: str, vllm_config):
     """The layer's KV-cache spec, for when the layer cannot be built here."""
-    if not backend.is_mla():
-        return create_standard_kv_cache_spec(vllm_config)
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
+    if family == "minimax_m3":
+        return create_standard_kv_cache_spec(vllm_config)
+    hf = vllm_config.model_config.hf_text_config
+    head_size = getattr(hf, "kv_lora_rank", 0) + hf.qk_rope_head_dim
+    if family in V4_PACKAGES:
+        head_size = hf.head_dim
     return MLAAttentionSpec(
-        block_size=BLOCK_SIZE,
+        block_size=vllm_config.cache_config.block_size,
         num_kv_heads=1,
-        head_size=128 + 64,  # kv_lora_rank + qk_rope_head_dim, as the layer's
+        head_size=head_size,
         dtype=vllm_config.model_config.dtype,
     )
+
+
+def _runner_spec(backend, spec):
+    """The layer's spec as the runner hands it to the backend's builder."""
+    try:
+        from vllm.v1.worker.utils import customize_attention_spec
+    except ImportError:
+        customize = getattr(backend, "customize_spec", None)
+        return customize(spec) if customize else spec
+    return customize_attention_spec(backend, spec)
 
 
 def _mamba_spec(member, vllm_config):
@@ -270,34 +548,49 @@ def _mamba_spec(member, vllm_config):
     return MambaSpec(**kwargs)
 
 
-def _build(member, vllm_config, device):
-    """``member``'s builder and its CUDA-graph support, or skip with why it
-    cannot be built here."""
+def _cannot_run_here(name: str, why: str):
+    """Skip, with the error that names what the backend needs here."""
+    if not HAS_TRITON:  # vLLM's stand-in for Triton fails in other ways
+        why += " (vLLM has Triton off on this host)"
+    pytest.skip(f"{name}: {why}")
+
+
+def _build(member, family_config, device):
+    """``member``'s builder, its family, its KV-cache block size and its
+    CUDA-graph support, or skip with why it cannot be built here."""
     name = member.name
     try:
         backend = member.get_class()
         builder_cls = backend.get_builder_cls()
     except Exception as e:
-        pytest.skip(f"{name}: cannot be imported here: {type(e).__name__}: {e}")
-    layer_problem = None
+        _cannot_run_here(name, f"cannot be imported here: {type(e).__name__}: {e}")
+    family = _family(member, backend)
+    vllm_config = _private_config(family_config(family), backend, family)
+    layer_name, layer_problem = FAMILIES[family].layer, None
     if isinstance(member, MambaAttentionBackendEnum):
         spec = _mamba_spec(member, vllm_config)
     else:
         try:
-            layer = _attention_layer(backend, vllm_config)
-            spec = layer.get_kv_cache_spec(vllm_config)
+            with set_current_vllm_config(vllm_config):
+                layer = _layer(backend, family, vllm_config, device)
+                spec = layer.get_kv_cache_spec(vllm_config)
+            context = vllm_config.compilation_config.static_forward_context
+            layer_name = next((k for k, v in context.items() if v is layer), layer_name)
         except Exception as e:
             layer_problem = f"{type(e).__name__}: {e}"
-            spec = _written_out_spec(backend, vllm_config)
+            vllm_config.compilation_config.static_forward_context.clear()
+            spec = _written_out_spec(family, vllm_config)
+        spec = _runner_spec(backend, spec)
     try:
-        builder = builder_cls(spec, [LAYER], vllm_config, device)
+        with set_current_vllm_config(vllm_config):
+            builder = builder_cls(spec, [layer_name], vllm_config, device)
     except Exception as e:
-        why = f"{name}: {builder_cls.__name__} cannot be built here: "
-        why += f"{type(e).__name__}: {e}"
-        if layer_problem:
-            why += f" (its attention layer could not be built either: {layer_problem})"
-        pytest.skip(why)
-    return builder, builder_cls.get_cudagraph_support(vllm_config, spec)
+        why = f"{builder_cls.__name__} cannot be built here: {type(e).__name__}: {e}"
+        if layer_problem:  # what stopped the layer stops its builder
+            why = f"its layer cannot be built here: {layer_problem}; nor {why}"
+        _cannot_run_here(name, why)
+    support = builder_cls.get_cudagraph_support(vllm_config, spec)
+    return builder, family, vllm_config.cache_config.block_size, support
 
 
 def _is_host(name: str, value, device: torch.device) -> bool:
@@ -308,7 +601,7 @@ def _is_host(name: str, value, device: torch.device) -> bool:
     return name not in DEVICE_FIELDS
 
 
-def _shared_metadata(batch: CaptureBatch, device: torch.device):
+def _shared_metadata(batch: CaptureBatch, block_size: int, device: torch.device):
     """The metadata the runner shares between the groups' builders for
     ``batch``: padded requests have empty queries, their tokens
     ``PAD_SLOT_ID``; host fields have storage of their own."""
@@ -317,7 +610,7 @@ def _shared_metadata(batch: CaptureBatch, device: torch.device):
         query_lens=batch.query_lens + [0] * batch.pad,
     )
     common = create_common_attn_metadata(
-        spec, BLOCK_SIZE, device, arange_block_indices=True
+        spec, block_size, device, arange_block_indices=True
     )
     num_tokens = common.num_actual_tokens + batch.pad_tokens
     slots = torch.full(
@@ -359,11 +652,11 @@ def _values(v) -> list:
     return v.detach().cpu().reshape(-1).tolist()
 
 
-def _capture(builder, batch: CaptureBatch, device: torch.device):
+def _capture(builder, batch: CaptureBatch, block_size: int, device: torch.device):
     """``(host writes, device writes, error)`` of one capture on one shared
     metadata: ``{field: (before, after)}`` for each tensor or array whose
     values the call changed."""
-    common = _shared_metadata(batch, device)
+    common = _shared_metadata(batch, block_size, device)
     held = []
     for f in dataclasses.fields(common):
         value = getattr(common, f.name)
@@ -376,7 +669,8 @@ def _capture(builder, batch: CaptureBatch, device: torch.device):
         builder.build_for_cudagraph_capture(common)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
-    host, dev = {}, {}
+    host: dict[str, tuple[list, list]] = {}
+    dev: dict[str, tuple[list, list]] = {}
     for name, value, before in held:
         if not _same(value, before):
             side = host if _is_host(name, value, device) else dev
@@ -384,29 +678,50 @@ def _capture(builder, batch: CaptureBatch, device: torch.device):
     return host, dev, error
 
 
+@contextlib.contextmanager
+def _workspace(device: torch.device):
+    """The workspace manager, set up as the GPU worker sets it up before it
+    makes the model (sparse MLA layers reserve their scratch there)."""
+    try:
+        from vllm.v1.worker import workspace
+    except ImportError:
+        yield
+        return
+    if workspace.is_workspace_manager_initialized():
+        yield
+        return
+    workspace.init_workspace_manager(device)
+    try:
+        yield
+    finally:
+        workspace.reset_workspace_manager()
+
+
 @pytest.mark.parametrize("member", REGISTERED)
-def test_capture_keeps_host_metadata(member, vllm_config, device, request):
-    builder, support = _build(member, vllm_config, device)
-    # what it built and found, for a report (junit properties)
-    record = request.node.user_properties.append
-    record(("builder", type(builder).__name__))
-    record(("cudagraph_support", support.name))
-    if support == AttentionCGSupport.NEVER:
-        pytest.skip(f"{member.name}: never captured in a full graph ({support})")
-    batches = list(DECODE_BATCHES)
-    if support == AttentionCGSupport.ALWAYS:
-        batches += MIXED_BATCHES
-    host_writes: dict[str, dict] = {}
-    device_writes: dict[str, list[str]] = {}
-    errors: dict[str, str] = {}
-    for batch in batches:
-        host, dev, error = _capture(builder, batch, device)
-        for name, change in host.items():
-            host_writes.setdefault(name, {})[batch.name] = change
-        for name in dev:
-            device_writes.setdefault(name, []).append(batch.name)
-        if error:
-            errors[batch.name] = error
+def test_capture_keeps_host_metadata(member, family_config, device, request):
+    with _workspace(device):
+        builder, family, block_size, support = _build(member, family_config, device)
+        # what it built and found, for a report (junit properties)
+        record = request.node.user_properties.append
+        record(("builder", type(builder).__name__))
+        record(("family", family))
+        record(("cudagraph_support", support.name))
+        if support == AttentionCGSupport.NEVER:
+            pytest.skip(f"{member.name}: never captured in a full graph ({support})")
+        batches = list(DECODE_BATCHES)
+        if support == AttentionCGSupport.ALWAYS:
+            batches += MIXED_BATCHES
+        host_writes: dict[str, dict] = {}
+        device_writes: dict[str, list[str]] = {}
+        errors: dict[str, str] = {}
+        for batch in batches:
+            host, dev, error = _capture(builder, batch, block_size, device)
+            for name, change in host.items():
+                host_writes.setdefault(name, {})[batch.name] = change
+            for name in dev:
+                device_writes.setdefault(name, []).append(batch.name)
+            if error:
+                errors[batch.name] = error
     record(("host_writes", ",".join(sorted(host_writes))))
     record(("device_writes", ",".join(sorted(device_writes))))
     if device_writes:
@@ -421,6 +736,5 @@ def test_capture_keeps_host_metadata(member, vllm_config, device, request):
         )
     )
     if len(errors) == len(batches):
-        pytest.skip(
-            f"{member.name}: its capture cannot run here: {next(iter(errors.values()))}"
-        )
+        error = next(iter(errors.values()))
+        _cannot_run_here(member.name, f"its capture cannot run here: {error}")
