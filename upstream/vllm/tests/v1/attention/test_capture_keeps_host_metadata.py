@@ -581,15 +581,16 @@ def _build(member, family_config, device):
             vllm_config.compilation_config.static_forward_context.clear()
             spec = _written_out_spec(family, vllm_config)
         spec = _runner_spec(backend, spec)
-    try:
-        with set_current_vllm_config(vllm_config):
+    with set_current_vllm_config(vllm_config):
+        try:
             builder = builder_cls(spec, [layer_name], vllm_config, device)
-    except Exception as e:
-        why = f"{builder_cls.__name__} cannot be built here: {type(e).__name__}: {e}"
-        if layer_problem:  # what stopped the layer stops its builder
-            why = f"its layer cannot be built here: {layer_problem}; nor {why}"
-        _cannot_run_here(name, why)
-    support = builder_cls.get_cudagraph_support(vllm_config, spec)
+        except Exception as e:
+            why = f"{builder_cls.__name__} cannot be built here: "
+            why += f"{type(e).__name__}: {e}"
+            if layer_problem:  # what stopped the layer stops its builder
+                why = f"its layer cannot be built here: {layer_problem}; nor {why}"
+            _cannot_run_here(name, why)
+        support = builder_cls.get_cudagraph_support(vllm_config, spec)
     return builder, family, vllm_config.cache_config.block_size, support
 
 
