@@ -199,8 +199,12 @@ def build_subject(
             )
     support = "?"
     try:
+        from vllm.config import set_current_vllm_config
+
         first = builders[min(builders)]
-        support = str(builder_cls.get_cudagraph_support(first.vllm_config, spec).name)
+        with set_current_vllm_config(first.vllm_config):  # FlashInfer's reads it
+            found = builder_cls.get_cudagraph_support(first.vllm_config, spec)
+        support = str(found.name)
     except BaseException:
         support = str(
             getattr(getattr(builder_cls, "_cudagraph_support", None), "name", "?")
