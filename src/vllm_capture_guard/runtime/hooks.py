@@ -85,8 +85,7 @@ _finder = _Finder()
 
 
 def when_imported(name: str, hook: Hook, on_error: OnError) -> None:
-    """Run ``hook(module)`` once ``name`` is imported: now if it is, else
-    right after vLLM imports it."""
+    """``hook(module)`` once ``name`` is imported: now, or right after its import."""
     with _lock:
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)

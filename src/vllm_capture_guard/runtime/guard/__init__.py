@@ -19,8 +19,7 @@ HOST_NAMES = frozenset({"is_prefilling", "rswa_prefix_lens", "req_idx"})  # all-
 
 @functools.cache
 def is_host_field(name: str) -> bool:
-    """vLLM's naming of host values: ``*_cpu``, ``*_cpu_*``, ``*_np``,
-    ``*_host``, ``cpu_*``, ``host_*``, or one of :data:`HOST_NAMES`."""
+    """vLLM's naming of host values (``*_cpu``, ``*_np``, ``host_*``, ...)."""
     n = name.lower()
     ends = n.endswith(("_cpu", "_np", "_host")) or n.startswith(("cpu_", "host_"))
     return ends or "_cpu_" in n or n in HOST_NAMES

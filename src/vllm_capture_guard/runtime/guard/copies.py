@@ -61,8 +61,8 @@ class Watch:
 
 
 def watch(device: Any) -> Any:
-    """A :class:`Watch` for a capture on a CUDA or HIP device, :data:`CAPTURING`
-    inside a stream capture, None elsewhere or before CUDA/HIP is initialised."""
+    """A :class:`Watch` on a CUDA or HIP device, :data:`CAPTURING` inside a stream
+    capture, None elsewhere (or before CUDA/HIP is initialised)."""
     torch = sys.modules["torch"]
     if device.type != "cuda" or not torch.cuda.is_initialized():
         return None
@@ -95,8 +95,10 @@ def follow(watch: Any) -> Any:
 def _mode() -> type:
     torch = sys.modules["torch"]
     tensor, ops = torch.Tensor, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
-    kinds = {tensor.copy_: COPY, tensor.to: COPY, tensor.cuda: COPY}
-    kinds.update(dict.fromkeys((tensor.data_ptr, tensor.untyped_storage), RAW))
+    kinds = dict.fromkeys((tensor.copy_, tensor.to, tensor.cuda, tensor.type), COPY)
+    kinds[torch._foreach_copy_] = COPY
+    raw = (tensor.data_ptr, tensor.untyped_storage, tensor.storage, tensor.__dlpack__)
+    kinds.update(dict.fromkeys(raw, RAW))
 
     class Follow(torch.overrides.TorchFunctionMode):
         def __init__(self, watch: Watch) -> None:
@@ -109,8 +111,8 @@ def _mode() -> type:
             except TypeError:  # not hashable: no copy function of torch's
                 kind = 0
             result = func(*args, **kwargs)
-            if kind:  # after the call, as the copy it queued
-                _look(self.watch, kind, func, args, kwargs, result)
+            if kind and not torch.compiler.is_compiling():  # traced code: unseen
+                _look(self.watch, kind, func, args, kwargs, result)  # after the call
             return result
 
     return Follow
@@ -127,20 +129,23 @@ def _op_kind(op: Any) -> str | int:
 def _look(watch: Watch, kind: str, func: Any, args: tuple, kwargs: dict, out: Any):  # noqa: ANN202
     """After a call: an event where it queued a copy of the saved bytes; where
     it handed them on unseen, why the guard must wait for the stream."""
+    torch = sys.modules["torch"]
     try:
-        torch, values = sys.modules["torch"], (*args, *kwargs.values(), out)
-        found = [a for a in values if isinstance(a, torch.Tensor)]
-        if not any(map(watch.hits, found)):
-            return
-        device = next((t.device for t in found if t.is_cuda), None)
-        if kind is RAW:
-            watch.blind = watch.blind or f"{kind}, through {func.__name__}"
-        elif device and not torch.cuda.is_current_stream_capturing():  # not a graph's
-            stream = torch.cuda.current_stream(device)
-            with relaxed():
-                event = torch.cuda.Event()
-                event.record(stream)
-            watch.events[stream.cuda_stream] = event  # the latest covers the earlier
+        with torch._C.DisableTorchFunction():  # unseen by another guard's mode
+            values = [*args, *kwargs.values(), out]
+            values += [v for a in values if isinstance(a, list | tuple) for v in a]
+            found = [a for a in values if isinstance(a, torch.Tensor)]
+            if not any(map(watch.hits, found)):
+                return
+            device = next((t.device for t in found if t.is_cuda), None)
+            if kind is RAW:
+                watch.blind = watch.blind or f"{kind}, through {func.__name__}"
+            elif device and not torch.cuda.is_current_stream_capturing():  # no graph's
+                stream = torch.cuda.current_stream(device)
+                with relaxed():
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                watch.events[stream.cuda_stream] = event  # the latest covers the rest
     except Exception as e:  # the guard's own: wait for the stream instead
         watch.blind = watch.blind or f"a call it could not follow ({short(e)})"
 

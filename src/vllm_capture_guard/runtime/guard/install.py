@@ -28,13 +28,14 @@ BLIND += "waits for the stream after it"
 
 
 def guarded_call(capture: Any, owner: str, metadata: Any, *args: Any, **kw: Any) -> Any:
-    """``capture(metadata, ...)``; then, once the copies it queued on the saved
-    host memory are done, put back what it changed in place."""
+    """``capture(metadata)``; once its copies of the saved bytes are done, put back."""
     active = _state.__dict__.setdefault("active", set())
     if id(metadata) in active:  # nested on the same metadata: the outer puts back
         return capture(metadata, *args, **kw)
-    try:
-        saved, failed, watch, size = keep.save(metadata)
+    try:  # the guard's own torch calls: unseen by another guard's mode
+        torch_off = sys.modules["torch"]._C.DisableTorchFunction
+        with torch_off():
+            saved, failed, watch, size = keep.save(metadata)
     except Exception as e:  # never stop vLLM: its own call, unguarded
         why = f"could not read the metadata for {owner}'s capture ({short(e)})"
         say(f"{why}; it ran unguarded, and may change what other builders read", True)
@@ -56,7 +57,8 @@ def guarded_call(capture: Any, owner: str, metadata: Any, *args: Any, **kw: Any)
             mode and mode.__exit__(None, None, None)
         except Exception as e:
             say(f"could not stop following {owner}'s copies ({short(e)})", True)
-        _settle(owner, saved, failed, watch, size, raised)
+        with torch_off():
+            _settle(owner, saved, failed, watch, size, raised)
 
 
 def _settle(owner, saved, failed, watch, size, raised):  # noqa: ANN001, ANN202

@@ -17,8 +17,7 @@ string_at = ctypes.string_at
 
 
 def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
-    """``([(field, value, copy, pointer)], [not saved], watch, size)`` of each
-    host value, also in containers (a dense tensor's copy is its bytes)."""
+    """``([(field, value, copy, pointer)], [not saved], watch, size)``: host values."""
     fields, torch = fields_of(metadata), sys.modules.get("torch")
     device = getattr(fields.get("query_start_loc"), "device", None)
     on_device = getattr(device, "type", "cpu") != "cpu"

@@ -57,8 +57,7 @@ class _Torch:
 
 
 class _Globals(dict):
-    """A module's globals, read live, with torch, torch.cuda and
-    torch.cuda.graph (under any name) read as the stand-ins."""
+    """A module's globals, read live, torch and its graph read as the stand-ins."""
 
     def __init__(self, module: dict) -> None:
         super().__init__(__builtins__=module.get("__builtins__"))
@@ -77,8 +76,7 @@ class _Globals(dict):
 
 
 def unreached(fn: Any) -> list[str]:
-    """The graph captures in ``fn`` (``with <...graph>(...)``) that the
-    stand-ins do not reach, read from its source to say so."""
+    """The ``with <...graph>(...)`` in ``fn`` the stand-ins do not reach (source)."""
     fn, torch, found = inspect.unwrap(fn), sys.modules["torch"], []
     reached = {(): torch.cuda.graph, ("graph",): torch.cuda, ("cuda", "graph"): torch}
     for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))):
@@ -104,8 +102,7 @@ def _holds(cell: Any, obj: Any) -> bool:
 
 
 def copy_of(fn: Any) -> Any:
-    """``fn`` reading torch through the stand-ins; a decorator's wrapper is
-    copied with the copy of the function it holds in its closure."""
+    """``fn`` reading torch through the stand-ins (a wrapper, with what it wraps)."""
     inner, cells = getattr(fn, "__wrapped__", None), list(fn.__closure__ or ())
     scope: dict = _Globals(fn.__globals__)
     if inner is not None:

@@ -52,8 +52,7 @@ def _known_captures() -> set:
 
 
 def backends() -> list[type]:
-    """The AITER unified backend and every class derived from it that has a
-    ``get_builder_cls`` of its own (the others inherit the fix)."""
+    """The AITER unified backend and its subclasses with a ``get_builder_cls``."""
     root = getattr(sys.modules.get(MODULE), BACKEND, None)
     if not isinstance(root, type):
         return []
