@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--forward-ms", type=float, default=10.0)
+    ap.add_argument("--tree", required=True, help="what the vLLM under test is")
+    ap.add_argument("--expect", help="the folder vLLM must be imported from")
     args = ap.parse_args(argv)
 
     import vllm
@@ -127,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_capture_guard.tools import harness as sc
     from vllm_capture_guard.tools.cost import account
 
+    where = os.path.dirname(vllm.__file__)
+    if args.expect and os.path.realpath(where) != os.path.realpath(args.expect):
+        raise SystemExit(f"vLLM imported from {where}, not {args.expect}")
     on = args.guard == "on"
     loaded = contextlib.ExitStack()  # held until the process ends
     if on:
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out: dict = {
         "vllm": version("vllm"),
-        "vllm_path": os.path.dirname(vllm.__file__),
+        "vllm_tree": args.tree,  # checked below; no machine path in the results
         "guard": args.guard,
         "forward_ms": args.forward_ms,
         "steps": args.steps,

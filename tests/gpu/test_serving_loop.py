@@ -39,8 +39,11 @@ PLATFORM_ONLY = "capture_guard_gpu_tier"  # VLLM_PLUGINS: no general plugin
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _loop(name: str, tree: Path | None, guard: str, out: Path) -> dict:
-    """One configuration's steps, in a new interpreter with ``tree`` first."""
+def _loop(
+    name: str, tree: Path | None, guard: str, out: Path, label: str, expect: Path
+) -> dict:
+    """One configuration's steps, in a new interpreter with ``tree`` first;
+    ``expect``: the folder its vLLM must be imported from."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
@@ -52,6 +55,7 @@ def _loop(name: str, tree: Path | None, guard: str, out: Path) -> dict:
         env["VLLM_PLUGINS"] = PLATFORM_ONLY
     path = out / f"{name}.json"
     cmd = [sys.executable, "-m", "tests.gpu.serving_loop", "--guard", guard]
+    cmd += ["--tree", label, "--expect", str(expect)]
     done = subprocess.run(
         [*cmd, "--out", str(path)],
         cwd=REPO,
@@ -99,12 +103,13 @@ def test_plugin_on_stock_0_28_beside_the_in_tree_form(results, tmp_path):
     assert applied.returncode == 0, applied.stderr
     checked = subprocess.run([*patch, "--check", *tree], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout  # carries the in-tree fix
+    stock = Path(vllm.__file__).parent
     found = {
-        "in-tree": _loop("in-tree-0.28", intree, "off", tmp_path),
-        "plugin": _loop("plugin-0.28", None, "on", tmp_path),
+        "in-tree": _loop(
+            "in-tree-0.28", intree, "off", tmp_path, "in-tree copy", intree / "vllm"
+        ),
+        "plugin": _loop("plugin-0.28", None, "on", tmp_path, "stock", stock),
     }
-    assert found["in-tree"]["vllm_path"].startswith(str(intree)), found["in-tree"]
-    assert found["plugin"]["vllm_path"] == str(Path(vllm.__file__).parent)
     found["ratio"] = _ratios(found, "in-tree")
     results[found["plugin"]["vllm"]] = found
 
@@ -116,8 +121,8 @@ def test_plugin_on_0_33_beside_stock_0_33(results, tmp_path):
         results["0.33.0"] = {"skipped": f"{TREES_ENV} names no vllm-0.33.0 tree"}
         pytest.skip(f"{TREES_ENV} names no vllm-0.33.0 tree")
     found = {
-        "stock": _loop("stock-0.33", tree, "off", tmp_path),
-        "plugin": _loop("plugin-0.33", tree, "on", tmp_path),
+        "stock": _loop("stock-0.33", tree, "off", tmp_path, "stock", tree / "vllm"),
+        "plugin": _loop("plugin-0.33", tree, "on", tmp_path, "stock", tree / "vllm"),
     }
     assert found["stock"]["vllm"] == found["plugin"]["vllm"] == "0.33.0", found
     found["ratio"] = _ratios(found, "stock")
