@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The copies and the wait. While a capture runs, a ``TorchFunctionMode`` (this
-thread's) records an event after each copy from or into the saved pinned bytes,
-on its own stream; the guard waits on those alone (a blocking copy's is done at
-once). Where it cannot see the copies (a raw pointer or custom op given those
-bytes, a device tensor over them) it waits for the metadata's current stream."""
+"""The copies and the wait: while a capture runs, a ``TorchFunctionMode`` records
+an event after each copy from or into the saved pinned bytes, on its stream; the
+guard waits on those alone. Where it cannot see the copies (a raw pointer or
+custom op, a device tensor over them) it waits for the metadata's stream."""
 
 from __future__ import annotations
 
@@ -106,13 +105,15 @@ def _mode() -> type:
 
         def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
             kwargs = kwargs or {}
+            if torch.compiler.is_compiling():  # traced: it runs later, unseen
+                return func(*args, **kwargs)
             try:
                 kind = kinds.get(func) or (_op_kind(func) if type(func) in ops else 0)
             except TypeError:  # not hashable: no copy function of torch's
                 kind = 0
             result = func(*args, **kwargs)
-            if kind and not torch.compiler.is_compiling():  # traced code: unseen
-                _look(self.watch, kind, func, args, kwargs, result)  # after the call
+            if kind:  # after the call, as the copy it queued
+                _look(self.watch, kind, func, args, kwargs, result)
             return result
 
     return Follow
@@ -121,9 +122,8 @@ def _mode() -> type:
 def _op_kind(op: Any) -> str | int:
     """An aten copy, a custom op (it may copy from what it is given), or 0."""
     space, _, name = str(op).partition(".")  # aten.copy_(.default)
-    if space in ("aten", "prims", "prim"):
-        return COPY if name.split(".")[0] in ATEN_COPIES else 0
-    return RAW
+    ours = space in ("aten", "prims", "prim")
+    return (COPY if name.split(".")[0] in ATEN_COPIES else 0) if ours else RAW
 
 
 def _look(watch: Watch, kind: str, func: Any, args: tuple, kwargs: dict, out: Any):  # noqa: ANN202
