@@ -48,11 +48,11 @@ class Watch:
         except Exception as e:  # cannot tell what overlaps it: wait for the stream
             self.blind = self.blind or f"{name} ({short(e)})"
 
-    def settled(self, fields: dict) -> Watch | None:
-        """Self, every value saved; None if no pinned one was."""
+    def settled(self, devices: list) -> Watch | None:
+        """Self, its ``(name, device tensor)`` checked; None if nothing pinned."""
         try:  # a device tensor over the saved bytes: kernels read it there, unseen
-            for name, value in fields.items():
-                if getattr(value, "is_cuda", False) and self.hits(value):
+            for name, value in devices if self.ranges else ():
+                if value.is_cuda and self.hits(value):
                     self.blind = f"{name}, a device tensor over the saved memory"
         except Exception as e:  # cannot tell: wait for the stream
             self.blind = self.blind or f"a device field ({short(e)})"

@@ -5,15 +5,14 @@ after it, each one changed in place put back in place."""
 from __future__ import annotations
 
 import copy
-import ctypes
 import sys
+from ctypes import memmove, string_at
 from typing import Any
 
 from vllm_capture_guard.runtime.base import short
 from vllm_capture_guard.runtime.guard import copies, fields_of, is_host_field
 
 PLAIN = frozenset({type(None), bool, int, float, str})
-string_at = ctypes.string_at
 
 
 def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
@@ -24,8 +23,7 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
     watch = copies.watch(device) if on_device else None
     follow = watch if type(watch) is copies.Watch else None  # pinned bytes to note
     todo = [(n, v) for n, v in fields.items() if type(v) not in PLAIN]
-    todo = [(n, v) for n, v in todo if getattr(v, "is_cpu", 1) is not False]  # host
-    saved, failed, seen = [], [], set()
+    saved, failed, seen, devices = [], [], set(), []  # devices: over those bytes?
     top, tensor = len(todo), torch.Tensor if torch is not None else ()
     for i, (name, value) in enumerate(todo):  # todo grows with containers
         if type(value) in PLAIN or id(value) in seen:
@@ -33,7 +31,9 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
         seen.add(id(value))
         try:
             if isinstance(value, tensor):
-                if value.is_cpu and (on_device or i >= top or is_host_field(name)):
+                if not value.is_cpu:
+                    follow and devices.append((name, value))
+                elif on_device or i >= top or is_host_field(name):
                     dense = type(value) is tensor and value.layout is torch.strided
                     if dense and value.is_contiguous() and (ptr := value.data_ptr()):
                         saved.append((name, value, string_at(ptr, value.nbytes), ptr))
@@ -50,7 +50,7 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
                 follow and follow.add(name, value)
         except Exception as e:  # that value alone goes unsaved
             failed.append(f"{name} ({short(e)})")
-    watch = follow.settled(fields) if follow else watch
+    watch = follow.settled(devices) if follow else watch
     return saved, failed, watch, fields.get("num_actual_tokens", "?")
 
 
@@ -90,7 +90,7 @@ def put_back(changes: list) -> list[str]:
     for name, value, before, ptr in changes:
         try:
             if ptr is not None:
-                ctypes.memmove(ptr, before, len(before))
+                memmove(ptr, before, len(before))
             elif isinstance(value, dict):
                 value.clear()
                 value.update(before)
