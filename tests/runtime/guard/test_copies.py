@@ -417,6 +417,18 @@ def test_a_device_tensor_over_the_saved_memory_waits_for_the_stream(
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
 
 
+def test_a_device_tensor_over_the_saved_memory_in_a_container_is_found(monkeypatch):
+    """The same view held in a list of the metadata: the loop that saves the
+    host values meets it there, so the guard waits for the stream as well."""
+    shared, waits = _on_a_gpu(monkeypatch)
+    shared.__dict__["views"] = [on_device(shared.query_start_loc_cpu)]
+    install.guarded_call(_zeroes, "HoldsViews", shared)
+    assert [w.blind for w in waits] == [
+        "views[0], a device tensor over the saved memory"
+    ], waits
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
+
+
 def test_a_compiled_function_in_a_capture_is_not_taken_for_a_copy(followed):
     """Dynamo traces through the mode; what it traces runs later, unseen, and
     makes the guard neither follow nor wait (a compiled region's own copies
