@@ -152,7 +152,7 @@ class _FakeCuda:
 
         class Event:
             def record(self, stream):  # noqa: ANN001, ANN202
-                calls.append(("record", stream))
+                calls.append(("record", str(stream)))
 
             def synchronize(self):  # noqa: ANN202
                 calls.append(("synchronize",))
@@ -160,7 +160,7 @@ class _FakeCuda:
         return Event()
 
     def current_stream(self, index):  # noqa: ANN001, ANN202
-        return f"stream of {index}"
+        return _Stream(f"stream of {index}", record=lambda: self.Event())
 
 
 @pytest.mark.parametrize("exchanged", [0, 1], ids=["relaxed", "exchange-failed"])
@@ -227,8 +227,21 @@ def _host_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Stream:
-    def __init__(self, device) -> None:  # noqa: ANN001
+    """A stream as the guard asks it: ``str()`` its device's name, and
+    ``record_event()`` records a new event of ``record()`` (``torch.cuda.Event``
+    unless given) on it, as ``torch.cuda.Stream.record_event`` does."""
+
+    def __init__(self, device, record=None) -> None:  # noqa: ANN001
         self.device, self.cuda_stream = str(device), hash(str(device))
+        self.record = record or (lambda: torch.cuda.Event())
+
+    def __str__(self) -> str:
+        return self.device
+
+    def record_event(self):  # noqa: ANN202
+        event = self.record()
+        event.record(self)
+        return event
 
 
 def fake_cuda(monkeypatch) -> list[str]:  # noqa: ANN001

@@ -35,16 +35,18 @@ class Watch:
         lo, hi = _bounds(value)
         return any(lo < top and bottom < hi for bottom, top in self.ranges)
 
-    def add(self, name: str, value: Any) -> None:
-        """Note a saved host value's bytes where it is pinned."""
+    def add(self, name: str, value: Any, bounds: tuple | None = None) -> None:
+        """Note a saved host value's bytes (``bounds``, if known) where pinned."""
         try:
-            torch = sys.modules["torch"]
-            if not isinstance(value, torch.Tensor):  # an array: through torch
-                if not value.flags.writeable:
-                    raise ValueError("a read-only array")
-                value = torch.from_numpy(value)
+            if bounds is None:
+                torch = sys.modules["torch"]
+                if not isinstance(value, torch.Tensor):  # an array: through torch
+                    if not value.flags.writeable:
+                        raise ValueError("a read-only array")
+                    value = torch.from_numpy(value)
+                bounds = _bounds(value)
             if _pinned(value):
-                self.ranges.append(_bounds(value))
+                self.ranges.append(bounds)
         except Exception as e:  # cannot tell what overlaps it: wait for the stream
             self.blind = self.blind or f"{name} ({short(e)})"
 
@@ -142,10 +144,8 @@ def _look(watch: Watch, kind: str, func: Any, args: tuple, kwargs: dict, out: An
                 watch.blind = watch.blind or f"{kind}, through {func.__name__}"
             elif device and not torch.cuda.is_current_stream_capturing():  # no graph's
                 stream = torch.cuda.current_stream(device)
-                with relaxed():
-                    event = torch.cuda.Event()
-                    event.record(stream)
-                watch.events[stream.cuda_stream] = event  # the latest covers the rest
+                with relaxed():  # the latest event of a stream covers the rest
+                    watch.events[stream.cuda_stream] = stream.record_event()
     except Exception as e:  # the guard's own: wait for the stream instead
         watch.blind = watch.blind or f"a call it could not follow ({short(e)})"
 
@@ -160,8 +160,7 @@ def wait(watch: Watch) -> None:
     torch = sys.modules["torch"]
     with relaxed():
         if watch.blind:
-            events.append(torch.cuda.Event())
-            events[-1].record(torch.cuda.current_stream(watch.device.index))
+            events.append(torch.cuda.current_stream(watch.device.index).record_event())
         for event in events:
             event.synchronize()
 

@@ -18,14 +18,13 @@ PLAIN = frozenset({type(None), bool, int, float, str})
 def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
     """``([(field, value, copy, pointer)], [not saved], watch, size)``: host values."""
     fields, torch = fields_of(metadata), sys.modules.get("torch")
-    device = getattr(fields.get("query_start_loc"), "device", None)
-    on_device = getattr(device, "type", "cpu") != "cpu"
-    watch = copies.watch(device) if on_device else None
+    offsets = fields.get("query_start_loc")  # on the device the capture uses
+    on_device = not getattr(offsets, "is_cpu", True)
+    watch = copies.watch(offsets.device) if on_device else None
     follow = watch if type(watch) is copies.Watch else None  # pinned bytes to note
-    todo = [(n, v) for n, v in fields.items() if type(v) not in PLAIN]
     saved, failed, seen, devices = [], [], set(), []  # devices: over those bytes?
-    top, tensor = len(todo), torch.Tensor if torch is not None else ()
-    for i, (name, value) in enumerate(todo):  # todo grows with containers
+    top, tensor = len(fields), torch.Tensor if torch is not None else ()
+    for i, (name, value) in enumerate(todo := list(fields.items())):  # it grows
         if type(value) in PLAIN or id(value) in seen:
             continue  # a scalar, or a value another field holds
         seen.add(id(value))
@@ -36,10 +35,12 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
                 elif on_device or i >= top or is_host_field(name):
                     dense = type(value) is tensor and value.layout is torch.strided
                     if dense and value.is_contiguous() and (ptr := value.data_ptr()):
-                        saved.append((name, value, string_at(ptr, value.nbytes), ptr))
+                        size = value.nbytes
+                        saved.append((name, value, string_at(ptr, size), ptr))
+                        follow and follow.add(name, value, (ptr, ptr + size))
                     else:  # not one dense block of memory: a copy by torch
                         saved.append((name, value, value.clone(), None))
-                    follow and follow.add(name, value)
+                        follow and follow.add(name, value)
             elif isinstance(value, (dict, list, tuple)):
                 items = value.items() if isinstance(value, dict) else enumerate(value)
                 todo += [(f"{name}[{k!r}]", v) for k, v in items]
