@@ -100,22 +100,22 @@ def _mode() -> type:
     kinds[torch._foreach_copy_] = COPY
     raw = (tensor.data_ptr, tensor.untyped_storage, tensor.storage, tensor.__dlpack__)
     kinds.update(dict.fromkeys(raw, RAW))
+    compiling = torch.compiler.is_compiling
 
-    class Follow(torch.overrides.TorchFunctionMode):
+    class Follow(torch.overrides.TorchFunctionMode):  # on every torch call: lean
         def __init__(self, watch: Watch) -> None:
             self.watch = watch
 
         def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-            kwargs = kwargs or {}
-            if torch.compiler.is_compiling():  # traced: it runs later, unseen
-                return func(*args, **kwargs)
+            if compiling():  # traced: it runs later, unseen
+                return func(*args, **(kwargs or {}))
             try:
                 kind = kinds.get(func) or (_op_kind(func) if type(func) in ops else 0)
             except TypeError:  # not hashable: no copy function of torch's
                 kind = 0
-            result = func(*args, **kwargs)
+            result = func(*args, **kwargs) if kwargs else func(*args)
             if kind:  # after the call, as the copy it queued
-                _look(self.watch, kind, func, args, kwargs, result)
+                _look(self.watch, kind, func, args, kwargs or {}, result)
             return result
 
     return Follow
