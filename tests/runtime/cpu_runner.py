@@ -154,7 +154,7 @@ def make_config(backend: str) -> Any:
         attention_config=AttentionConfig(backend=backend),
     )
     graph_config(config)
-    harness.model._ensure_distributed(config)
+    harness.model.ensure_distributed(config)
     return config
 
 

@@ -5,9 +5,14 @@
 plugins loaded by vLLM's loader, and judges one line per failure:
 
 * the MiniMax-M3 indexer after each ROCm backend (``assert decode_query_len
-  > 0``; PR #51585): the capture sizes vLLM derives for the config (512 down
-  to 1 by default), on one builder per KV-cache group reused for every size,
-  in the runner's order (:func:`run_check`);
+  > 0``; PR #51585), on the model runner vLLM uses for MiniMax-M3
+  (:mod:`~vllm_capture_guard.tools.harness.runners` asks vLLM which):
+  - the V1 runner: the capture sizes vLLM derives for the config (512 down
+    to 1 by default), on one builder per KV-cache group reused for every
+    size, in the runner's order (:func:`run_check`);
+  - Model Runner V2: the runner itself, made as a worker makes it, and its
+    own ``capture_model()`` (:mod:`~vllm_capture_guard.tools.harness.v2`),
+    which stops at the first capture that raises, as vLLM does;
 * ``ROCM_AITER_UNIFIED_ATTN``'s capture keeps the query offsets its kernel
   reads at replay (PR #53821), on the same runs;
 * capture on vLLM's current stream (PR #53818): vLLM's three capture sites
@@ -81,6 +86,14 @@ class SeedResult:
     sizes: list[int] = dataclasses.field(default_factory=list)
     speculative_tokens: int = 0
     max_num_seqs: int | None = None
+    #: ``check``: the runner driven (:class:`.harness.runners.Choice`'s line)
+    runner: str | None = None
+    #: ``check``: Model Runner V2 stops at the first capture that raises
+    stops: bool = False
+    #: ``check``: what was set up for the runner on this host, one line each
+    setup: list[str] = dataclasses.field(default_factory=list)
+    #: ``check``: the capture stream each graph of the driven runner got
+    drive_streams: list[str | None] = dataclasses.field(default_factory=list)
     #: The guard line (:meth:`vllm_capture_guard.tools.guard.Story.line`).
     guard_line: str | None = None
     #: What the operator is warned about (:func:`.guard.warnings`).
@@ -139,14 +152,32 @@ def run_seed(
 def run_check(
     backends: tuple[str, ...] | None = None, num_speculative_tokens: int = 0
 ) -> SeedResult:
-    """What vLLM runs at start-up, per backend: every FULL capture size that
-    vLLM derives for the config, largest first, on one attention builder and
-    one MiniMax-M3 indexer builder (one per KV-cache group), built once and
-    reused for every size, each size on one shared metadata (recorded right
-    after its capture)."""
-    from vllm_capture_guard.tools.harness import sizes
+    """What vLLM runs at start-up, per backend, on the model runner vLLM uses
+    for the tiny MiniMax-M3 (asked of vLLM, :func:`.harness.runners.choose`)."""
+    from vllm_capture_guard.tools.harness import runners
 
     config = harness.make_vllm_config(num_speculative_tokens, graphs=True)
+    choice = runners.choose(config)
+    if choice.runner == runners.V2:
+        if num_speculative_tokens:
+            raise RuntimeError("check drives Model Runner V2 without speculation")
+        result = _run_v2(backends or harness.seed_backends())
+    else:
+        result = _run_v1(config, backends, num_speculative_tokens)
+    result.runner = choice.line()
+    return result
+
+
+def _run_v1(
+    config: object, backends: tuple[str, ...] | None, num_speculative_tokens: int
+) -> SeedResult:
+    """The V1 runner: every FULL capture size that vLLM derives for the
+    config, largest first, on one attention builder and one MiniMax-M3
+    indexer builder (one per KV-cache group), built once and reused for every
+    size, each size on one shared metadata (recorded right after its
+    capture)."""
+    from vllm_capture_guard.tools.harness import sizes
+
     batches = sizes.capture_batches(config)
     if not batches:
         raise RuntimeError("vLLM derived no full-graph capture size for the config")
@@ -177,6 +208,96 @@ def run_check(
         speculative_tokens=num_speculative_tokens,
         max_num_seqs=config.scheduler_config.max_num_seqs,
     )
+
+
+def v2_record(backend: str, desc: object, builds: list) -> SeedRun:
+    """One FULL descriptor of Model Runner V2's capture (its warm-up and its
+    capture build), as ``check`` reports it."""
+    failed = next((b for b in builds if b.error), None)
+    first, last = builds[0], builds[-1]
+    return SeedRun(
+        backend=backend,
+        batch=f"reqs{first.num_reqs}",
+        ok=failed is None,
+        error=failed.error if failed else None,
+        error_site=failed.error_site if failed else None,
+        error_line=failed.error_line if failed else None,
+        decode_query_len=last.decode_query_len,
+        query_start_loc_cpu_before=first.offsets,
+        query_start_loc_cpu_after=last.host_after,
+        query_start_loc_after=last.device_after,
+        groups=[],
+        num_tokens=first.num_tokens,
+    )
+
+
+def _run_v2(backends: tuple[str, ...]) -> SeedResult:
+    """Model Runner V2, per backend: the runner as a worker makes it, and its
+    own ``capture_model()`` (:mod:`.harness.v2`)."""
+    from vllm_capture_guard.tools.harness import v2
+
+    setup = v2.cpu_setup()
+    runs: list[SeedRun] = []
+    unavailable: dict[str, str] = {}
+    sizes: list[int] = []
+    drive_streams: list[str | None] = []
+    max_num_seqs = None
+    for backend in backends:
+        try:
+            harness.backend_class(backend)
+            config = v2.make_config(backend)
+            runner = v2.make_runner(config)
+        except Exception as e:  # e.g. a backend module that needs a GPU to import
+            unavailable[backend] = harness.error_text(e)
+            continue
+        note = getattr(runner.model, "written_out", None)
+        if note:
+            setup.append(f"{backend}'s attention layer: written out ({note})")
+        found = v2.capture(runner)
+        reached = found.per_descriptor()
+        runs += [v2_record(backend, desc, builds) for desc, builds in reached]
+        if found.error and not any(b.error for _, bs in reached for b in bs):
+            raise RuntimeError(
+                f"Model Runner V2's capture_model raised outside the metadata "
+                f"builders with {backend}: {found.error} (at {found.error_site})"
+            )
+        sizes = sizes or [d.num_tokens for d in found.descriptors]
+        drive_streams += found.streams
+        max_num_seqs = config.scheduler_config.max_num_seqs
+    guard = report()
+    return SeedResult(
+        vllm=vllm_version(),
+        guard=None if guard is None else guard.message,
+        ok=bool(runs) and all(r.ok for r in runs),
+        runs=runs,
+        unavailable=unavailable,
+        sizes=sizes,
+        max_num_seqs=max_num_seqs,
+        stops=True,
+        setup=setup,
+        drive_streams=drive_streams,
+    )
+
+
+def with_drive_streams(sites: list[SiteRun], result: SeedResult) -> list[SiteRun]:
+    """``sites``, where the runner driven captured graphs, with the
+    ``CudaGraphManager.capture`` site judged from those graphs (what vLLM's
+    own ``capture_model`` handed ``torch.cuda.graph``) instead of its drive
+    alone."""
+    if not result.drive_streams:
+        return sites
+    found = []
+    for site in sites:
+        if site.site == "CudaGraphManager.capture":
+            streams = result.drive_streams
+            site = SiteRun(
+                f"{site.site} (in the runner's capture_model)",
+                site.module,
+                streams,
+                all(s == "current" for s in streams),
+            )
+        found.append(site)
+    return found
 
 
 # --- judging: one line per failure the guard fixes ------------------------------
@@ -212,7 +333,7 @@ def main(as_json: bool = False, trace: bool = False) -> int:
         return could_not_run("check", support.cannot_set_up(str(e)), as_json)
     try:
         result = run_check()
-        result.streams = streams.check_sites()
+        result.streams = with_drive_streams(streams.check_sites(), result)
     except Exception as e:
         return could_not_run("check", harness.error_text(e), as_json)
     done = report()  # again: the capture sites were imported after run_check

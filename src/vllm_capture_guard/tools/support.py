@@ -52,10 +52,19 @@ def _module_file(package: Path, parts: tuple[str, ...]) -> Path | None:
 
 
 def cannot_set_up(error: str) -> str:
-    """One line for a vLLM on which the tiny MiniMax-M3 config fails to build."""
+    """One line for a vLLM on which the tiny MiniMax-M3 config fails to build.
+    A requirement of vLLM's Model Runner V2 is said as such: it is no sign of
+    a release outside the supported range."""
     first = " ".join(error.split())
     if len(first) > 240:
         first = first[:237] + "..."
+    if "Model Runner V2" in first:
+        return (
+            f"vLLM could not make MiniMax-M3's config for its Model Runner V2 "
+            f"({first}); on a host without a GPU, check runs Model Runner V2's "
+            "Triton kernels in Triton's interpreter, which needs the triton "
+            "package in this Python; -v shows vLLM's own log"
+        )
     return (
         f"could not set up MiniMax-M3 on this vLLM ({first}); this is how "
         f"releases outside the supported range fail here; {SUPPORTED}. {STILL}; "

@@ -55,10 +55,19 @@ class Judgement:
     failed_sizes: list[int] = dataclasses.field(default_factory=list)
     #: "start-up" (the engine dies) or "replay" (graphs replay wrong offsets)
     kind: str = "start-up"
+    #: the runner stops at the first capture size that fails (Model Runner
+    #: V2): the tokens of that size
+    stopped_at: int | None = None
 
     def line(self) -> str:
         if self.ok is None:
             return f"{self.name}: not checked here ({self.note})"
+        if self.ok is False and self.stopped_at is not None:
+            text = (
+                f"{self.name}: FAIL, capture stops at size {self.stopped_at} "
+                f"({self.passed} of {self.total} {self.unit} captured before it): "
+            )
+            return text + (self.failure or "?")
         if self.ok:
             text = f"{self.name}: PASS, {self.passed}/{self.total} {self.unit}"
             return text + (f"; not checked: {self.note}" if self.note else "")
@@ -84,25 +93,35 @@ def _patch(name: str) -> Any:
     return by_name(name)
 
 
-def _indexer(backend: str, runs: list[SeedRun], unit: str) -> Judgement:
+def _total(result: SeedResult, runs: list[SeedRun]) -> int:
+    """Capture sizes in all: those a stopping runner never reached count."""
+    return max(len(result.sizes), len(runs)) if result.stops else len(runs)
+
+
+def _indexer(backend: str, runs: list[SeedRun], unit: str, total: int) -> Judgement:
     patch = _patch("rocm-attn-cpu-offsets")
     bad = [r for r in runs if not r.ok]
     found = Judgement(
         f"MiniMax-M3 indexer after {backend}", patch.name, patch.pr,
-        not bad, len(runs) - len(bad), len(runs), unit,
+        not bad, len(runs) - len(bad), total, unit,
         failed_sizes=[r.num_tokens for r in bad if r.num_tokens],
     )  # fmt: skip
+    if bad and total > len(runs):
+        found.stopped_at = bad[0].num_tokens
     if bad:
         first = bad[0]
         where = f" at {first.error_site}" if first.error_site else ""
         said = f": {first.error_line}" if first.error_line else ""
-        found.failure = f"{first.error}{where}{said} (first at {_size(first)})"
+        found.failure = f"{first.error}{where}{said}"
+        if found.stopped_at is None:
+            found.failure += f" (first at {_size(first)})"
     return found
 
 
-def _offsets(backend: str, runs: list[SeedRun], unit: str) -> Judgement:
+def _offsets(backend: str, runs: list[SeedRun], unit: str, total: int) -> Judgement:
     """The AITER unified backend's capture must leave the device offsets
-    as the batch had them: its kernel reads them at replay (PR #53821)."""
+    as the batch had them: its kernel reads them at replay (PR #53821).
+    Judged on the sizes the runner reached."""
     patch = _patch("rocm-aiter-unified-builder")
     bad = [r for r in runs if r.query_start_loc_after != r.query_start_loc_cpu_before]
     found = Judgement(
@@ -110,6 +129,8 @@ def _offsets(backend: str, runs: list[SeedRun], unit: str) -> Judgement:
         patch.name, patch.pr, not bad, len(runs) - len(bad), len(runs), unit,
         failed_sizes=[r.num_tokens for r in bad if r.num_tokens], kind="replay",
     )  # fmt: skip
+    if total > len(runs):  # the runner stopped at a failure: not all reached
+        found.note = f"the {total - len(runs)} sizes the runner did not reach"
     if bad:
         found.failure = (
             "its capture changes the device query_start_loc that the kernel "
@@ -122,11 +143,14 @@ def _streams(sites: list[SiteRun]) -> Judgement:
     patch = _patch("graph-capture-stream")
     ran = [s for s in sites if s.ok is not None]
     bad = [s for s in ran if not s.ok]
-    skipped = "; ".join(f"{s.site} ({s.error})" for s in sites if s.ok is None)
+    skipped = [f"{s.site} ({s.error})" for s in sites if s.ok is None and not s.absent]
+    gone = [s.site for s in sites if s.absent]
+    if gone:
+        skipped.append(f"not in this vLLM: {', '.join(gone)}")
     found = Judgement(
         f"capture on the current stream (PR {patch.pr})", patch.name, patch.pr,
         None if not ran else not bad, len(ran) - len(bad), len(ran), "sites",
-        note=skipped or None,
+        note="; ".join(skipped) or None,
     )  # fmt: skip
     if bad:
         found.failure = (
@@ -146,15 +170,15 @@ def judge(result: SeedResult) -> list[Judgement]:
     for backend in harness.seed_backends():
         runs = by_backend.get(backend)
         if runs:
-            found.append(_indexer(backend, runs, unit))
+            found.append(_indexer(backend, runs, unit, _total(result, runs)))
         elif backend in result.unavailable:
             name = f"MiniMax-M3 indexer after {backend}"
             fix = _patch("rocm-attn-cpu-offsets")
             why = result.unavailable[backend]
             found.append(Judgement(name, fix.name, fix.pr, None, 0, 0, unit, note=why))
     for backend in fixes.backends(_patch("rocm-aiter-unified-builder")):
-        if by_backend.get(backend):
-            found.append(_offsets(backend, by_backend[backend], unit))
+        if runs := by_backend.get(backend):
+            found.append(_offsets(backend, runs, unit, _total(result, runs)))
     if result.streams:
         found.append(_streams(result.streams))
     return found
@@ -191,7 +215,15 @@ def _verdict(judgements: list[Judgement]) -> str:
 
 def verdict_lines(result: SeedResult) -> list[str]:
     lines = [f"vLLM {result.vllm}"]
-    if result.sizes:
+    if result.sizes and result.stops:
+        lines[0] += (
+            f": {len(result.sizes)} full-graph capture sizes, "
+            f"{result.sizes[0]} down to {result.sizes[-1]}, from the runner's "
+            f"CudaGraphManager (max_num_seqs={result.max_num_seqs}); the "
+            "runner's own capture_model, every attention group's builder in "
+            "its order"
+        )
+    elif result.sizes:
         spec = (
             f", {result.speculative_tokens} speculative tokens"
             if result.speculative_tokens
@@ -203,6 +235,9 @@ def verdict_lines(result: SeedResult) -> list[str]:
             f"(max_num_seqs={result.max_num_seqs}{spec}); one builder per "
             "KV-cache group, in the model runner's order"
         )
+    if result.runner:
+        lines.append(f"runner: {result.runner}")
+    lines += [f"set up here: {line}" for line in result.setup]
     lines.append(result.guard_line or f"guard: {result.guard or 'not loaded'}")
     judgements = judge(result)
     lines += ["  " + j.line() for j in judgements]
@@ -242,6 +277,9 @@ def summary(result: SeedResult) -> dict[str, Any]:
         },
         "max_num_seqs": result.max_num_seqs,
         "speculative_tokens": result.speculative_tokens,
+        "runner": result.runner,
+        "stops_at_first_failure": result.stops,
+        "set_up": result.setup,
         "checks": [dataclasses.asdict(j) for j in judge(result)],
         "backends": backends,
         "sites": [dataclasses.asdict(s) for s in result.streams],

@@ -53,7 +53,7 @@ def model_config(family: str = MINIMAX_M3) -> Any:
     )
 
 
-def _ensure_distributed(vllm_config: Any) -> None:
+def ensure_distributed(vllm_config: Any) -> None:
     """World size 1 over gloo, done once per process, as a worker does."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state as ps
@@ -70,7 +70,7 @@ def _ensure_distributed(vllm_config: Any) -> None:
             ps.initialize_model_parallel(1, 1)
 
 
-def _ensure_workspace(device: str) -> None:
+def ensure_workspace(device: str) -> None:
     """vLLM's workspace manager on ``device``, set up once per process, as
     the GPU worker sets it up before it makes the model (sparse MLA layers
     reserve their scratch there); releases without one skip this."""
@@ -80,6 +80,28 @@ def _ensure_workspace(device: str) -> None:
         return
     if not workspace.is_workspace_manager_initialized():
         workspace.init_workspace_manager(torch.device(device))
+
+
+#: ``max_num_seqs`` as ``vllm serve`` defaults it on an MI300X, MI325X or
+#: MI355X (``EngineArgs``: 1024 on a device with 160 GiB or more; 256 on
+#: smaller GPUs). Either way vLLM caps the capture sizes at 512.
+SERVE_MAX_NUM_SEQS = 1024
+
+
+def graph_config(config: Any, max_num_seqs: int = SERVE_MAX_NUM_SEQS) -> Any:
+    """Give ``config`` what a GPU config has: full decode graphs and the
+    capture sizes vLLM derives for them (vLLM's own ``_set_cudagraph_sizes``).
+    On a CPU host vLLM's platform has no graph mode, so the harness switches
+    it on as a GPU platform would. Returns ``config``."""
+    from vllm.config import CUDAGraphMode
+
+    cc = config.compilation_config
+    config.scheduler_config.max_num_seqs = max_num_seqs
+    cc.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    cc.cudagraph_capture_sizes = None
+    cc.max_cudagraph_capture_size = None
+    config._set_cudagraph_sizes()
+    return config
 
 
 @functools.lru_cache(maxsize=32)
@@ -100,7 +122,7 @@ def make_vllm_config(
     ``num_speculative_tokens``, which is all the builders read.
 
     With ``graphs``, the config has full decode graphs and the capture sizes
-    vLLM derives for them, as on a GPU (:func:`.sizes.graph_config`)."""
+    vLLM derives for them, as on a GPU (:func:`graph_config`)."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -127,11 +149,9 @@ def make_vllm_config(
         speculative_config=speculative,
     )
     if graphs:
-        from vllm_capture_guard.tools.harness.sizes import graph_config
-
         graph_config(config)
-    _ensure_distributed(config)
-    _ensure_workspace(device)
+    ensure_distributed(config)
+    ensure_workspace(device)
     return config
 
 

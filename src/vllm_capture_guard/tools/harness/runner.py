@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vllm_capture_guard.tools.harness.model import BLOCK_SIZE
+from vllm_capture_guard.tools.harness.models import BLOCK_SIZE
 
 PAD_SLOT_ID = -1  # what the runner writes into padded tokens' slots
 

@@ -25,27 +25,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm_capture_guard.tools.harness.capture import CaptureRun, capture
+from vllm_capture_guard.tools.harness.model import (  # noqa: F401 (sizes' API)
+    SERVE_MAX_NUM_SEQS,
+    graph_config,
+)
 from vllm_capture_guard.tools.harness.runner import Batch, RunnerBuffers
-
-#: ``max_num_seqs`` as ``vllm serve`` defaults it on an MI300X, MI325X or
-#: MI355X (``EngineArgs``: 1024 on a device with 160 GiB or more; 256 on
-#: smaller GPUs). Either way vLLM caps the capture sizes at 512.
-SERVE_MAX_NUM_SEQS = 1024
-
-
-def graph_config(config: Any, max_num_seqs: int = SERVE_MAX_NUM_SEQS) -> Any:
-    """Give ``config`` what a GPU config has: full decode graphs and the
-    capture sizes vLLM derives for them (vLLM's own ``_set_cudagraph_sizes``).
-    Returns ``config``."""
-    from vllm.config import CUDAGraphMode
-
-    cc = config.compilation_config
-    config.scheduler_config.max_num_seqs = max_num_seqs
-    cc.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-    cc.cudagraph_capture_sizes = None
-    cc.max_cudagraph_capture_size = None
-    config._set_cudagraph_sizes()
-    return config
 
 
 def capture_batches(config: Any) -> list[Batch]:

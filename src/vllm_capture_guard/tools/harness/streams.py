@@ -131,7 +131,7 @@ def drive_capture(recorder: Recorder) -> None:
     mgr.__dict__.update(attrs)
 
     @contextlib.contextmanager
-    def graph_capture(device):  # vLLM's makes a stream current; no stream here
+    def graph_capture(device, *args, **kwargs):  # vLLM's makes a stream current
         old = _set_current(STREAM)
         try:
             yield types.SimpleNamespace(stream=STREAM)
@@ -164,6 +164,8 @@ def drive_encoder(recorder: Recorder) -> None:
     mgr.__dict__.update(
         budget_graphs={}, model=_Encoder(), max_batch_size=1, max_frames_per_batch=1,
         device=torch.device("cpu"), dtype=torch.float32, graph_pool=None,
+        # 0.34: buffers shared by the budgets of one path
+        _shared_input_buffers={}, _shared_output_buffers={}, _shared_input_keys={},
     )  # fmt: skip
     mgr._capture_budget_graph(8)
 
@@ -240,6 +242,17 @@ class SiteRun:
     #: every call got vLLM's current stream; None: not driven here (error)
     ok: bool | None
     error: str | None = None
+    #: the release has no such module (the site is gone from vLLM)
+    absent: bool = False
+
+
+def _exists(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package that is gone
+        return False
 
 
 def check_site(site: str) -> SiteRun:
@@ -249,6 +262,8 @@ def check_site(site: str) -> SiteRun:
 
     module, cls, fn = where(site)
     name = f"{cls}.{fn}"
+    if not _exists(module):
+        return SiteRun(name, module, [], None, "not in this vLLM", absent=True)
     try:
         importlib.import_module(module)
         with contextlib.redirect_stderr(io.StringIO()):  # vLLM's progress bar

@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MiniMax-M3's attention layers as a model that vLLM's own loader makes, for
+driving a whole model runner (Model Runner V2) on its own code.
+
+A model runner loads its model through vLLM's model loader and registry, and
+reads the attention layers from the forward context that the layers register
+in as they are made. :class:`MiniMaxM3Layers` is registered with vLLM's
+``ModelRegistry`` (the interface for models outside vLLM's tree) under
+:data:`ARCHITECTURE`, and holds what MiniMax-M3 holds that capture touches:
+
+* vLLM's ``Attention`` layer (``model.layers.0.self_attn.attn``) with the
+  configured backend (``--attention-backend``), as a ROCm server makes it;
+* MiniMax-M3's own indexer cache layer (``MiniMaxM3IndexerCache``,
+  ``model.layers.1.self_attn.indexer.index_cache``), whose builder asserts
+  ``decode_query_len > 0``.
+
+So the KV-cache specs, their grouping, the attention groups and their
+builders are vLLM's own, made by vLLM from these layers. What the model does
+not have is weights and kernels: its forward returns hidden states of zeros
+and its logits are zeros. Nothing the metadata builders read comes from the
+forward.
+
+Where vLLM's ``Attention`` cannot be made on this host (its backend's
+implementation imports a compiled extension: AITER's on a CPU), the layer is
+:class:`WrittenOutLayer`, which publishes what that layer publishes (the
+backend and a full-attention spec of the same sizes) and says why
+(:data:`MiniMaxM3Layers.written_out`). The builders are made from the
+backend, as for the real layer; only the layer's kernels are missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm_capture_guard.tools.harness.model import ATTN_LAYER, INDEXER_LAYER
+from vllm_capture_guard.tools.harness.models import HEAD_SIZE
+
+#: The name the harness registers the model under, and writes into the
+#: tiny model's ``config.json`` for the runner drive.
+ARCHITECTURE = "CaptureGuardMiniMaxM3Layers"
+
+
+def _attention_base() -> type:
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    return AttentionLayerBase
+
+
+class WrittenOutLayer(nn.Module):
+    """The attention layer's spec and backend, for a host where vLLM's own
+    layer cannot be made (see the module). It registers in the forward
+    context under the layer's name, as vLLM's layer does."""
+
+    def __init__(self, backend: type, spec: Any, prefix: str, vllm_config: Any):
+        super().__init__()
+        self.backend, self.spec, self.prefix = backend, spec, prefix
+        self.kv_cache = torch.tensor([])
+        context = vllm_config.compilation_config.static_forward_context
+        context[prefix] = self
+
+    def get_attn_backend(self) -> type:
+        return self.backend
+
+    def get_kv_cache_spec(self, vllm_config: Any) -> Any:
+        return self.spec
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        self.kv_cache = kv_cache
+
+    @classmethod
+    def as_layer(cls) -> type:
+        """This class, registered as vLLM's ``AttentionLayerBase`` (the
+        runner collects layers of that type)."""
+        base = _attention_base()
+        if not issubclass(cls, base):
+            base.register(cls)
+        return cls
+
+
+class MiniMaxM3Layers(nn.Module):
+    """MiniMax-M3's attention and indexer-cache layers (see the module)."""
+
+    #: Why vLLM's ``Attention`` could not be made here, if it could not.
+    written_out: str | None = None
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        super().__init__()
+        from vllm.model_executor.layers.attention import Attention
+        from vllm.models.minimax_m3.common.indexer import MiniMaxM3IndexerCache
+
+        text = vllm_config.model_config.hf_text_config
+        self.hidden_size = text.hidden_size
+        self.vocab_size = text.vocab_size
+        self.dtype = vllm_config.model_config.dtype
+        backend = vllm_config.attention_config.backend
+        backend_cls = None if backend is None else backend.get_class()
+        try:
+            self.attn = Attention(
+                num_heads=text.num_attention_heads,
+                head_size=HEAD_SIZE,
+                scale=HEAD_SIZE**-0.5,
+                num_kv_heads=text.num_key_value_heads,
+                cache_config=vllm_config.cache_config,
+                prefix=ATTN_LAYER,
+                attn_backend=backend_cls,
+            )
+        except ImportError as e:  # the backend's kernels are not on this host
+            from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+            from vllm_capture_guard.tools.harness.capture import describe
+
+            context = vllm_config.compilation_config.static_forward_context
+            context.pop(ATTN_LAYER, None)
+            spec = FullAttentionSpec(
+                block_size=vllm_config.cache_config.block_size,
+                num_kv_heads=text.num_key_value_heads,
+                head_size=HEAD_SIZE,
+                dtype=self.dtype,
+            )
+            layer = WrittenOutLayer.as_layer()
+            self.attn = layer(backend_cls, spec, ATTN_LAYER, vllm_config)
+            self.written_out = describe(e)
+        self.index_cache = MiniMaxM3IndexerCache(
+            HEAD_SIZE, INDEXER_LAYER, vllm_config.cache_config
+        )
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(
+            input_ids.shape[0],
+            self.hidden_size,
+            dtype=self.dtype,
+            device=input_ids.device,
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        tokens = positions if positions is not None else input_ids
+        assert tokens is not None
+        return torch.zeros(
+            tokens.shape[-1], self.hidden_size, dtype=self.dtype, device=tokens.device
+        )
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(
+            hidden_states.shape[0],
+            self.vocab_size,
+            dtype=torch.float32,
+            device=hidden_states.device,
+        )
+
+    def load_weights(self, weights: Any) -> set[str]:
+        for _ in weights:
+            pass
+        return set()
+
+
+def register() -> None:
+    """Register :class:`MiniMaxM3Layers` with vLLM's ``ModelRegistry`` (once)."""
+    from vllm import ModelRegistry
+
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, MiniMaxM3Layers)
