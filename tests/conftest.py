@@ -20,7 +20,15 @@ from typing import Any
 
 import pytest
 
-from tests import warm
+from vllm_capture_guard.tools.simulate import use_triton_interpreter
+
+# Before vLLM is imported here or in the warm parent: Triton on, its kernels in
+# Triton's interpreter, as `check` and `audit` set it up on a host without a
+# GPU (vLLM decides HAS_TRITON at its import; Model Runner V2 needs it). On a
+# GPU host this does nothing.
+use_triton_interpreter()
+
+from tests import warm  # noqa: E402 (after the environment it inherits)
 
 GUARD_LOG = "vllm-capture-guard:"
 

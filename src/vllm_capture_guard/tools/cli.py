@@ -179,9 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         return tree_command.run(args)
     quiet_vllm(getattr(args, "verbose", False))
     if args.command == "check":  # before vLLM decides whether it has Triton
-        from vllm_capture_guard.tools.simulate import use_triton_interpreter
+        with contextlib.suppress(ImportError):  # no torch: said just below
+            from vllm_capture_guard.tools.simulate import use_triton_interpreter
 
-        use_triton_interpreter()
+            use_triton_interpreter()
     # audit points vLLM's cache elsewhere before vLLM is imported
     problem = vllm_problem(import_it=args.command != "audit")
     if problem:
