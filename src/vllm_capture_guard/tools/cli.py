@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     problem = vllm_problem(import_it=args.command != "audit")
     if problem:
         return could_not_run(args.command, problem, args.json)
+    if getattr(args, "verbose", False):
+        log_as_vllm_serve()
     try:
         command = importlib.import_module(MODULES[args.command])
     except Exception as e:  # torch or numpy missing, or vLLM broken
@@ -196,6 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         return command.main(args.json, args.trace)
     return command.main(args.json)
+
+
+def log_as_vllm_serve() -> None:
+    """vLLM's logging set up as ``vllm serve`` sets it up: releases that
+    configure it lazily, in the launcher (0.33 on), would show none of
+    vLLM's (or the guard's) lines under ``-v`` otherwise."""
+    try:
+        from vllm.logger import configure_logging_from_args
+    except ImportError:  # configured when vllm.logger is imported (to 0.29)
+        return
+    with contextlib.suppress(Exception):
+        configure_logging_from_args(argparse.Namespace())
 
 
 class _Stream:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import textwrap
 from typing import Any
@@ -50,6 +51,13 @@ class Reading:
     #: False: the module does not import on this host (0.33's AITER module
     #: asks the GPU at import), so nothing was read
     importable: bool = True
+
+
+def _exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package that is gone
+        return False
 
 
 def _import(module: str) -> Any:
@@ -137,9 +145,12 @@ def stream_calls(fn: Any) -> list[bool]:
 
 
 def stream_sites() -> list[Reading]:
-    """Per capture site of PR #53818 (all three, in vLLM's order)."""
+    """Per capture site of PR #53818 that this vLLM has, in vLLM's order (a
+    site whose module the release no longer has is no site of it)."""
     found = []
     for module, cls_name, name in stream.SITES:
+        if not _exists(module):
+            continue
         where = f"{cls_name}.{name}"
         mod = _import(module)
         if isinstance(mod, str):

@@ -48,12 +48,17 @@ def unguarded() -> tuple[dict, int]:
 
 def _runs(result: dict, backend: str) -> list[dict]:
     """Every capture size ``check`` ran for ``backend`` (vLLM's own sizes,
-    512 down to 1, on one builder per group)."""
+    512 down to 1: on the V1 runner, one builder per group; on Model Runner
+    V2, its own capture_model, which stops at the first size that fails)."""
     why = result["unavailable"].get(backend)
     if why:  # 0.33's AITER module on a CPU host; see tests/test_fixed_releases.py
         pytest.skip(f"{backend} unavailable on this host: {why}")
     runs = [r for r in result["runs"] if r["backend"] == backend]
-    assert len(runs) == len(result["sizes"]) >= 50, (len(runs), result["sizes"])
+    assert len(result["sizes"]) >= 50, result["sizes"]
+    if result["stops_at_first_failure"] and not runs[-1]["ok"]:
+        assert all(r["ok"] for r in runs[:-1]), runs
+    else:
+        assert len(runs) == len(result["sizes"]), (len(runs), result["sizes"])
     return runs
 
 
@@ -117,6 +122,8 @@ def test_rocm_attn_still_zeroes_device_offsets(guarded):
     """The #25985 guard against the prefix-prefill fault stays in place."""
     for run in _runs(guarded[0], "ROCM_ATTN"):
         assert set(run["query_start_loc_after"]) == {0}, run["batch"]
+        if not run["groups"]:  # Model Runner V2: its builds, not each builder
+            continue
         (write,) = [
             w for w in run["groups"][0]["writes"] if w["field"] == "query_start_loc"
         ]

@@ -210,9 +210,16 @@ def record(site: str) -> Recorder:
     return recorder
 
 
+def present() -> tuple[str, ...]:
+    """The sites whose module this vLLM has (0.34.0 has no Gemma4 proposer in
+    ``vllm/v1/spec_decode/``), in :data:`SITES`' order."""
+    return tuple(site for site in SITES if _exists(where(site)[0]))
+
+
 def import_sites() -> None:
-    for name in (CUDAGRAPH, ENCODER, GEMMA4):
-        importlib.import_module(name)
+    """Import every site's module that this vLLM has."""
+    for site in present():
+        importlib.import_module(where(site)[0])
 
 
 def stream_name(stream: Any) -> str | None:
