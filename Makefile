@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: env envs check status test lint bench oracle matrix clean audit bench-audit wheel upstream-hooks
+.PHONY: env envs check status test lint bench oracle matrix clean audit bench-audit wheel upstream-hooks newest
 
 env: $(VENV)/.ready
 
@@ -52,16 +52,21 @@ upstream-hooks: env
 # Each other release: `pip install --no-deps --target $(ENVS)/vllm-X vllm==X`,
 # put first on PYTHONPATH by the scripts (scripts/make-envs.sh).
 ENVS ?= .envs
-ALL_VERSIONS := 0.27.1 0.28.0 0.29.0 0.33.0
+ALL_VERSIONS := 0.27.1 0.28.0 0.29.0 0.33.0 0.34.0
+# Releases that get `make check` (status and check) in `make test`, beside the
+# matrix: 0.27.0 is the release ROCm images still pin.
+CHECK_VERSIONS := 0.27.0
 export CAPTURE_GUARD_ENVS := $(abspath $(ENVS))
 
 # `make test`: every release, and the README's version table must be what the
 # run found. `VLLM_VERSION=X make test`: the suite on release X only (no table).
 ifeq ($(origin VLLM_VERSION),file)
 TEST_VERSIONS := $(ALL_VERSIONS)
+TEST_CHECKS := $(CHECK_VERSIONS)
 MATRIX_MODE := --check
 else
 TEST_VERSIONS := $(VLLM_VERSION)
+TEST_CHECKS :=
 MATRIX_MODE :=
 endif
 
@@ -70,10 +75,12 @@ endif
 envs: env
 	scripts/make-envs.sh $(PY) $(ENVS) $(sort $(ALL_VERSIONS) $(VLLM_VERSION))
 
-# The test suite on each release (the oracle tests once, in the venv).
+# The test suite on each release (the oracle tests once, in the venv), then
+# `make check` on each of CHECK_VERSIONS (only where VLLM_VERSION is not set).
 test: lint envs
 	$(PY) scripts/version_matrix.py $(MATRIX_MODE) --versions $(TEST_VERSIONS)
-	@echo "make test: tested vLLM $(TEST_VERSIONS)"
+	@for v in $(TEST_CHECKS); do $(MAKE) --no-print-directory check VLLM_VERSION=$$v || exit 1; done
+	@echo "make test: tested vLLM $(TEST_VERSIONS)$(if $(TEST_CHECKS), and checked $(TEST_CHECKS))"
 
 # Rewrite README's version table and docs/version-matrix.md from a real run.
 matrix: lint envs
@@ -82,6 +89,14 @@ matrix: lint envs
 # Patched 0.28.0 and 0.27.1 against unpatched 0.29.0, field by field.
 oracle: envs
 	$(PY) -m vllm_capture_guard.tools.oracle run
+
+# A new vLLM release, checked the day it ships (docs/newest.md): the newest
+# release on the package registry (NEWEST_VLLM=X names one) against the last of
+# ALL_VERSIONS: status, check, the audit and vLLM's generic capture test on
+# each, one drift report; exit 1 on any drift. Not part of `make test`: a new
+# vLLM release must not turn an unrelated commit's CI red.
+newest: env
+	$(PY) scripts/newest.py --pinned $(lastword $(ALL_VERSIONS))
 
 bench: env
 	$(PY) benchmarks/bench_guard.py

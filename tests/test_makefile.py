@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv"
 MAKEFILE = (ROOT / "Makefile").read_text()
 ALL = re.search(r"^ALL_VERSIONS := (.+)$", MAKEFILE, re.M).group(1).split()
+CHECKS = re.search(r"^CHECK_VERSIONS := (.+)$", MAKEFILE, re.M).group(1).split()
 ASK = 'from importlib.metadata import version; print(version("vllm"))'
 
 
@@ -64,9 +65,14 @@ def test_make_test_follows_vllm_version():
 
     plain = _make("-n", "-o", ".venv/.ready", "test").stdout
     assert matrix(plain).endswith(f"--check --versions {' '.join(ALL)}"), plain
+    # and `make check` on the releases beside the matrix (0.27.0, which ROCm
+    # images pin), after it
+    assert f"for v in {' '.join(CHECKS)}; do" in plain, plain
+    assert "check VLLM_VERSION=$v" in plain, plain
     one = _make("-n", "-o", ".venv/.ready", "test", VLLM_VERSION="0.27.1").stdout
     assert matrix(one).endswith("version_matrix.py --versions 0.27.1"), one
     assert "make test: tested vLLM 0.27.1" in one, one
+    assert "for v in ; do" in one or "for v in  ; do" in one, one
 
 
 @pytest.mark.slow
