@@ -24,6 +24,18 @@ runner's own capture:
    ``prepare_attn`` -> ``build_attn_metadata(..., for_cudagraph_capture=True)``
    -> each attention group's builder in the runner's order.
 
+For a whole start-up, step by step: :func:`load_runner` is step 1 alone (a
+vendor's subclass of the runner may stand in for vLLM's), and
+:func:`initialize_kv_cache` takes ``profile``, which runs where vLLM's worker
+profiles its memory (the executor's ``determine_available_memory``, after the
+engine core resolved the KV-cache layout): there the worker calls the
+runner's own ``profile_cudagraph_memory``. After capture,
+:func:`execute_dummy_batch` is an idle data-parallel rank's step at serving
+time, through vLLM's worker's own ``execute_dummy_batch``. The runner's own
+calls run under :func:`driving` (:func:`capture` and
+:func:`execute_dummy_batch` enter it themselves; a ``profile`` that captures
+needs it around :func:`initialize_kv_cache`).
+
 What each metadata build did is read at the model state's ``prepare_attn``
 (:func:`observe`, on the instance: the batch vLLM's dummy batch made before
 the builders ran, and the shared offsets after them). The capture sizes are
@@ -47,14 +59,18 @@ from vllm_capture_guard.tools.harness.v2.make import (
     chosen,
     cpu_setup,
     initialize_kv_cache,
+    load_runner,
     make_config,
     make_runner,
+    worker,
 )
 from vllm_capture_guard.tools.harness.v2.watch import (
     Build,
     Descriptor,
     V2Capture,
     capture,
+    driving,
+    execute_dummy_batch,
     full_descriptors,
     observe,
 )
@@ -69,9 +85,13 @@ __all__ = [
     "capture",
     "chosen",
     "cpu_setup",
+    "driving",
+    "execute_dummy_batch",
     "full_descriptors",
     "initialize_kv_cache",
+    "load_runner",
     "make_config",
     "make_runner",
     "observe",
+    "worker",
 ]

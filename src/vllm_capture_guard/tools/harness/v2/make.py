@@ -11,7 +11,7 @@ import importlib.util
 import json
 import os
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,29 +140,41 @@ def make_config(backend: str, device: str = "cpu") -> Any:
 # --- the runner, as a worker makes it ----------------------------------------
 
 
-def _executor(config: Any, runner: Any) -> Any:
-    """vLLM's ``Executor``, in-process, over vLLM's GPU ``Worker`` of
-    ``runner`` (through vLLM's ``WorkerWrapperBase``, as an executor reaches
-    its workers). Only the free memory is the harness's; compiling and
-    warming up are left to :func:`capture`."""
-    from vllm.v1.executor.abstract import Executor
+def worker(config: Any, runner: Any) -> Any:
+    """vLLM's GPU ``Worker`` of ``runner``, as far as the runner's calls need
+    it (its ``__init__`` would start a device: vLLM's ``WorkerBase`` sets the
+    rest)."""
     from vllm.v1.worker.gpu_worker import Worker
-    from vllm.v1.worker.worker_base import WorkerBase, WorkerWrapperBase
+    from vllm.v1.worker.worker_base import WorkerBase
 
-    worker = object.__new__(Worker)  # its __init__ would start a device
+    made = object.__new__(Worker)
     WorkerBase.__init__(
-        worker,
+        made,
         vllm_config=config,
         local_rank=0,
         rank=0,
         distributed_init_method="in-process",
         is_driver_worker=True,
     )
-    worker.model_runner = runner
-    if not torch.cuda.is_available():  # no allocator pools on this platform
-        worker._maybe_get_memory_pool_context = lambda *a, **k: contextlib.nullcontext()
+    made.model_runner = runner
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda_alike():  # a platform vLLM did not recognise:
+        # no allocator pools, as a GPU server without sleep mode has none
+        made._maybe_get_memory_pool_context = lambda *a, **k: contextlib.nullcontext()
+    return made
+
+
+def _executor(config: Any, runner: Any, profile: Callable[[], Any] | None) -> Any:
+    """vLLM's ``Executor``, in-process, over vLLM's GPU ``Worker`` of
+    ``runner`` (through vLLM's ``WorkerWrapperBase``, as an executor reaches
+    its workers). Only the free memory is the harness's; compiling and
+    warming up are left to :func:`.watch.capture`."""
+    from vllm.v1.executor.abstract import Executor
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
     wrapper = WorkerWrapperBase(rpc_rank=0)
-    wrapper.worker, wrapper.vllm_config = worker, config
+    wrapper.worker, wrapper.vllm_config = worker(config, runner), config
 
     class InProcess(Executor):
         def _init_executor(self) -> None:
@@ -175,6 +187,8 @@ def _executor(config: Any, runner: Any) -> Any:
             return [call(*args, **(kwargs or {}))]
 
         def determine_available_memory(self) -> list[int]:
+            if profile is not None:  # where the worker profiles graph memory
+                profile()
             return [KV_CACHE_BYTES]
 
         def compile_or_warm_up_model(self) -> list[Any]:
@@ -193,12 +207,17 @@ def _executor(config: Any, runner: Any) -> Any:
     return executor
 
 
-def initialize_kv_cache(config: Any, runner: Any) -> None:
+def initialize_kv_cache(
+    config: Any, runner: Any, profile: Callable[[], Any] | None = None
+) -> None:
     """The KV cache as the engine core plans it, with ``runner``'s worker
-    (see the module)."""
+    (see the module). ``profile`` runs where the worker measures its memory
+    (the executor's ``determine_available_memory``, after the engine core
+    resolved the KV-cache layout and before it plans the cache): vLLM's
+    worker runs the runner's ``profile_cudagraph_memory`` there."""
     from vllm.v1.engine.core import EngineCore
 
-    executor = _executor(config, runner)
+    executor = _executor(config, runner, profile)
     core = types.SimpleNamespace(
         model_executor=executor,
         available_gpu_memory_for_kv_cache=-1,
@@ -208,14 +227,28 @@ def initialize_kv_cache(config: Any, runner: Any) -> None:
     EngineCore._initialize_kv_caches(core, config)
 
 
-def make_runner(config: Any, device: str = "cpu") -> Any:
-    """vLLM's Model Runner V2 for ``config``, its model loaded and its KV
-    cache made, as a worker starts it before capture."""
+def load_runner(
+    config: Any, device: str = "cpu", runner_cls: type | None = None
+) -> Any:
+    """vLLM's Model Runner V2 for ``config`` (or ``runner_cls``, a vendor's
+    subclass of it) with its model loaded, before the KV cache is planned."""
     from vllm.config import set_current_vllm_config
 
     module = importlib.import_module(runners.MODULES[runners.V2])
     with chosen(), set_current_vllm_config(config):
-        runner = module.GPUModelRunner(config, torch.device(device))
+        runner = (runner_cls or module.GPUModelRunner)(config, torch.device(device))
         runner.load_model(load_dummy_weights=True)
+    return runner
+
+
+def make_runner(
+    config: Any, device: str = "cpu", runner_cls: type | None = None
+) -> Any:
+    """:func:`load_runner`, with its KV cache made, as a worker starts it
+    before capture."""
+    from vllm.config import set_current_vllm_config
+
+    runner = load_runner(config, device, runner_cls)
+    with chosen(), set_current_vllm_config(config):
         initialize_kv_cache(config, runner)
     return runner

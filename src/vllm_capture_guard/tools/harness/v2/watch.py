@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
+import functools
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from vllm_capture_guard.tools.harness import streams
 from vllm_capture_guard.tools.harness.capture import error_site, error_text
-from vllm_capture_guard.tools.harness.v2.make import chosen
+from vllm_capture_guard.tools.harness.v2.make import chosen, worker
 
 
 @dataclasses.dataclass
@@ -136,23 +139,55 @@ def full_descriptors(runner: Any) -> list[Descriptor]:
     return [Descriptor(d.num_tokens, getattr(d, "num_reqs", None)) for d in descs]
 
 
-def capture(runner: Any) -> V2Capture:
-    """``runner.capture_model()``, as the worker calls it after the KV cache
-    is made; ``torch.cuda.graph`` recorded where there is no GPU."""
+@contextlib.contextmanager
+def _no_progress_bar(manager: Any) -> Iterator[None]:
+    """vLLM's capture progress bar off (``tqdm`` as the manager's modules
+    bound it, given ``disable=True``): the result is the command's output."""
+    modules = {sys.modules.get(c.__module__) for c in type(manager).__mro__}
+    held = {m: m.tqdm for m in modules if m is not None and hasattr(m, "tqdm")}
+    for module, bar in held.items():
+        module.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        for module, bar in held.items():
+            module.tqdm = bar
+
+
+@contextlib.contextmanager
+def driving(runner: Any) -> Iterator[streams.Recorder]:
+    """What the runner's own calls run under here: Model Runner V2 chosen,
+    its config current, ``torch.cuda.graph`` recorded where there is no GPU
+    (the recorder is yielded), vLLM's progress bar quiet."""
     from vllm.config import set_current_vllm_config
 
-    from vllm_capture_guard.tools.harness import streams
-
-    found = V2Capture(full_descriptors(runner), observe(runner))
     recorder = streams.Recorder()
     on_cpu = not torch.cuda.is_available()
     recording = streams.cpu_capture(recorder) if on_cpu else contextlib.nullcontext()
-    quiet = contextlib.redirect_stderr(io.StringIO())  # vLLM's progress bar
+    quiet = _no_progress_bar(runner.cudagraph_manager)
+    with chosen(), set_current_vllm_config(runner.vllm_config), recording, quiet:
+        yield recorder
+
+
+def capture(runner: Any) -> V2Capture:
+    """``runner.capture_model()``, as the worker calls it after the KV cache
+    is made; ``torch.cuda.graph`` recorded where there is no GPU."""
+    found = V2Capture(full_descriptors(runner), observe(runner))
+    recorder = None
     try:
-        with chosen(), set_current_vllm_config(runner.vllm_config), recording, quiet:
+        with driving(runner) as recorder:
             runner.capture_model()
     except Exception as e:
         found.error = error_text(e)
         found.error_site, found.error_line = error_site(e)
     found.streams = [streams.stream_name(s) for s in recorder.streams]
     return found
+
+
+def execute_dummy_batch(runner: Any) -> None:
+    """An idle data-parallel rank's step at serving time, after capture:
+    vLLM's GPU worker's own ``execute_dummy_batch`` (the runner's
+    ``_dummy_run``, a uniform decode batch, its FULL graph's metadata built
+    for capture). Raises what vLLM raises."""
+    with driving(runner):
+        worker(runner.vllm_config, runner).execute_dummy_batch()
