@@ -139,6 +139,11 @@ def run_seed(
             unavailable[backend] = harness.error_text(e)
             continue
         runs += [seed_run(backend, batch) for batch in batches]
+    return _result(runs, unavailable)
+
+
+def _result(runs: list[SeedRun], unavailable: dict[str, str], **more) -> SeedResult:
+    """The runs on this vLLM, with what the guard did in this process so far."""
     guard = report()
     return SeedResult(
         vllm=vllm_version(),
@@ -146,6 +151,7 @@ def run_seed(
         ok=bool(runs) and all(r.ok for r in runs),
         runs=runs,
         unavailable=unavailable,
+        **more,
     )
 
 
@@ -197,13 +203,9 @@ def _run_v1(
             runs.append(seed_record(backend, batch, run))
 
         sizes.run_sizes(builders, batches, on_run=keep)
-    guard = report()
-    return SeedResult(
-        vllm=vllm_version(),
-        guard=None if guard is None else guard.message,
-        ok=bool(runs) and all(r.ok for r in runs),
-        runs=runs,
-        unavailable=unavailable,
+    return _result(
+        runs,
+        unavailable,
         sizes=[b.num_tokens for b in batches],
         speculative_tokens=num_speculative_tokens,
         max_num_seqs=config.scheduler_config.max_num_seqs,
@@ -264,13 +266,9 @@ def _run_v2(backends: tuple[str, ...]) -> SeedResult:
         sizes = sizes or [d.num_tokens for d in found.descriptors]
         drive_streams += found.streams
         max_num_seqs = config.scheduler_config.max_num_seqs
-    guard = report()
-    return SeedResult(
-        vllm=vllm_version(),
-        guard=None if guard is None else guard.message,
-        ok=bool(runs) and all(r.ok for r in runs),
-        runs=runs,
-        unavailable=unavailable,
+    return _result(
+        runs,
+        unavailable,
         sizes=sizes,
         max_num_seqs=max_num_seqs,
         stops=True,

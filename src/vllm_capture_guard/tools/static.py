@@ -22,7 +22,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
-import importlib.util
 import inspect
 import textwrap
 from typing import Any
@@ -31,6 +30,7 @@ from vllm_capture_guard.runtime.base import original_of
 from vllm_capture_guard.runtime.patches import graph_capture_stream as stream
 from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as aiter
 from vllm_capture_guard.tools.shape import fixed_shape, is_host_field
+from vllm_capture_guard.tools.support import module_exists
 
 ROCM = (
     ("vllm.v1.attention.backends.rocm_attn", "RocmAttentionBackend", "ROCM_ATTN"),
@@ -51,13 +51,6 @@ class Reading:
     #: False: the module does not import on this host (0.33's AITER module
     #: asks the GPU at import), so nothing was read
     importable: bool = True
-
-
-def _exists(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:  # a parent package that is gone
-        return False
 
 
 def _import(module: str) -> Any:
@@ -149,7 +142,7 @@ def stream_sites() -> list[Reading]:
     site whose module the release no longer has is no site of it)."""
     found = []
     for module, cls_name, name in stream.SITES:
-        if not _exists(module):
+        if not module_exists(module):
             continue
         where = f"{cls_name}.{name}"
         mod = _import(module)

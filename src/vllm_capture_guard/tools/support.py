@@ -40,6 +40,15 @@ def vllm_package() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def module_exists(name: str) -> bool:
+    """Does the installed vLLM have module ``name``? (by its files; a parent
+    package that is gone counts as no)"""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+
+
 def _module_file(package: Path, parts: tuple[str, ...]) -> Path | None:
     """The module's source or sourceless bytecode, if the tree has it."""
     base = package.joinpath(*parts)

@@ -128,12 +128,7 @@ class MiniMaxM3Layers(nn.Module):
         )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(
-            input_ids.shape[0],
-            self.hidden_size,
-            dtype=self.dtype,
-            device=input_ids.device,
-        )
+        return self._zeros(input_ids, self.hidden_size, self.dtype)
 
     def forward(
         self,
@@ -145,17 +140,17 @@ class MiniMaxM3Layers(nn.Module):
     ) -> torch.Tensor:
         tokens = positions if positions is not None else input_ids
         assert tokens is not None
-        return torch.zeros(
-            tokens.shape[-1], self.hidden_size, dtype=self.dtype, device=tokens.device
-        )
+        return self._zeros(tokens, self.hidden_size, self.dtype)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(
-            hidden_states.shape[0],
-            self.vocab_size,
-            dtype=torch.float32,
-            device=hidden_states.device,
-        )
+        return self._zeros(hidden_states, self.vocab_size, torch.float32, dim=0)
+
+    @staticmethod
+    def _zeros(like: torch.Tensor, width: int, dtype: Any, dim: int = -1) -> Any:
+        """Zeros of one row per token of ``like`` (its last dimension, or
+        ``dim``), on its device: what the layers would compute, without
+        weights."""
+        return torch.zeros(like.shape[dim], width, dtype=dtype, device=like.device)
 
     def load_weights(self, weights: Any) -> set[str]:
         for _ in weights:

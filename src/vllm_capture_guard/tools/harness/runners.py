@@ -20,8 +20,9 @@ imported; ``check`` sets Triton up before that
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from typing import Any
+
+from vllm_capture_guard.tools.support import module_exists
 
 V1 = "v1"
 V2 = "v2"
@@ -54,10 +55,7 @@ class Choice:
 
 def present(runner: str) -> bool:
     """Does the installed vLLM have ``runner`` (by its files)?"""
-    try:
-        return importlib.util.find_spec(MODULES[runner]) is not None
-    except ImportError:
-        return False
+    return module_exists(MODULES[runner])
 
 
 def choose(config: Any) -> Choice:

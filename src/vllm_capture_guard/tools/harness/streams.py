@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from vllm_capture_guard.tools.support import module_exists
+
 CUDAGRAPH = "vllm.v1.worker.gpu.cudagraph_utils"
 ENCODER = "vllm.v1.worker.encoder_cudagraph"
 GEMMA4 = "vllm.v1.spec_decode.gemma4"
@@ -213,7 +215,7 @@ def record(site: str) -> Recorder:
 def present() -> tuple[str, ...]:
     """The sites whose module this vLLM has (0.34.0 has no Gemma4 proposer in
     ``vllm/v1/spec_decode/``), in :data:`SITES`' order."""
-    return tuple(site for site in SITES if _exists(where(site)[0]))
+    return tuple(site for site in SITES if module_exists(where(site)[0]))
 
 
 def import_sites() -> None:
@@ -253,15 +255,6 @@ class SiteRun:
     absent: bool = False
 
 
-def _exists(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:  # a parent package that is gone
-        return False
-
-
 def check_site(site: str) -> SiteRun:
     """Import the site's module (the plugin's hooks patch it at import, as in
     a worker) and drive vLLM's own function with the recorder."""
@@ -269,7 +262,7 @@ def check_site(site: str) -> SiteRun:
 
     module, cls, fn = where(site)
     name = f"{cls}.{fn}"
-    if not _exists(module):
+    if not module_exists(module):
         return SiteRun(name, module, [], None, "not in this vLLM", absent=True)
     try:
         importlib.import_module(module)
