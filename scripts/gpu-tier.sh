@@ -5,7 +5,7 @@
 #
 #   scripts/gpu-tier.sh prepare [DEST]    here, with a package registry: builds
 #       DEST (default: .gpu/ in the repo root, ignored by git), under 64 MiB:
-#         vllm-py-<V>.tar.gz  vLLM <V>'s pure-Python files and its .dist-info
+#         vllm-py-<V>.tar.xz  vLLM <V>'s pure-Python files and its .dist-info
 #                             (no compiled extensions) from the pinned wheel;
 #                             also for each release in OTHER_VERSIONS (the
 #                             serving benchmark's other tree)
@@ -30,8 +30,8 @@
 #
 # VLLM_VERSION (default 0.28.0) picks the release; VLLM_WHEEL_DIR (default
 # /tmp/wheels) is searched for its wheel before PyPI. OTHER_VERSIONS (default
-# 0.33.0) are unpacked on the GPU host as trees of their own, named to the
-# tests by GPU_TIER_VLLM_TREES (tests/gpu/test_serving_loop.py).
+# 0.33.0 0.34.0) are unpacked on the GPU host as trees of their own, named to
+# the tests by GPU_TIER_VLLM_TREES (tests/gpu/test_serving_loop.py).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cmd=${1:?usage: gpu-tier.sh prepare|run [DEST]}
@@ -40,7 +40,7 @@ if [[ -z ${2:-} && -d $root/../wheels ]]; then
   dest=$(cd "$root/.." && pwd) # this copy is DEST/repo/scripts/gpu-tier.sh
 fi
 version=${VLLM_VERSION:-0.28.0}
-others=${OTHER_VERSIONS-0.33.0}
+others=${OTHER_VERSIONS-0.33.0 0.34.0}
 PLATFORMS=(--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
   --platform manylinux_2_24_x86_64 --platform manylinux_2_27_x86_64
   --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64
@@ -49,7 +49,7 @@ PLATFORMS=(--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
 bundle() {
   local python=$1 v=$2
-  local out="$dest/vllm-py-$v.tar.gz"
+  local out="$dest/vllm-py-$v.tar.xz"
   [[ -s $out ]] && return 0
   local wheel
   wheel=$(ls "${VLLM_WHEEL_DIR:-/tmp/wheels}"/vllm-"$v"-*.whl 2>/dev/null | head -1 || true)
@@ -65,7 +65,7 @@ import io, os, sys, tarfile, zipfile
 wheel, bundle = sys.argv[1:]
 keep_meta = ("METADATA", "WHEEL", "entry_points.txt", "top_level.txt", "LICENSE")
 n = 0
-with zipfile.ZipFile(wheel) as z, tarfile.open(bundle + ".part", "w:gz") as tar:
+with zipfile.ZipFile(wheel) as z, tarfile.open(bundle + ".part", "w:xz") as tar:
     for info in z.infolist():
         name = info.filename
         top = name.split("/", 1)[0]
@@ -155,11 +155,16 @@ PY
   local size
   size=$(du -sm "$dest" | cut -f1)
   echo "prepared $dest (${size} MiB): $(ls "$dest/wheels" | wc -l) wheels," \
-    "$(cd "$dest" && ls vllm-py-*.tar.gz | tr '\n' ' ')meta: $(ls "$dest/meta" | tr '\n' ' ')"
+    "$(cd "$dest" && ls vllm-py-*.tar.xz | tr '\n' ' ')meta: $(ls "$dest/meta" | tr '\n' ' ')"
   if ((size > 60)); then
     echo "error: $dest is over 60 MiB; keep it small enough to copy to the GPU host" >&2
     exit 1
   fi
+}
+
+# A bundle unpacked by Python's own tarfile (xz needs no tool of the host's).
+unpack() {
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"
 }
 
 run() {
@@ -169,13 +174,13 @@ run() {
   rm -rf "$site" && mkdir -p "$site"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target "$site" "$dest"/wheels/*.whl
-  tar -xzf "$dest/vllm-py-$version.tar.gz" -C "$site"
+  unpack "$dest/vllm-py-$version.tar.xz" "$site"
   local trees=/tmp/gpu-tier-trees v
   rm -rf "$trees"
   for v in $others; do
-    if [[ -s $dest/vllm-py-$v.tar.gz ]]; then
+    if [[ -s $dest/vllm-py-$v.tar.xz ]]; then
       mkdir -p "$trees/vllm-$v"
-      tar -xzf "$dest/vllm-py-$v.tar.gz" -C "$trees/vllm-$v"
+      unpack "$dest/vllm-py-$v.tar.xz" "$trees/vllm-$v"
     fi
   done
   export GPU_TIER_VLLM_TREES=$trees

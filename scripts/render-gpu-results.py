@@ -99,6 +99,7 @@ def render(data: dict) -> str:
             f"| {not c['control_within_tolerance']} |"
         )
     lines += _cost(data.get("cost"), data.get("baseline_cost"))
+    lines += _v2_start_up(data.get("cost"))
     lines += _serving(data.get("serving_loop"))
     lines += _async_copies(data.get("async_copies"))
     lines += _host_by_device(data.get("host_by_device"))
@@ -208,7 +209,8 @@ def _serving(found: dict | None) -> list[str]:
         "| vLLM | backend | CPU tail | without the plugin | plugin | ratio |",
         "|---|---|---|---|---|---|",
     ]
-    for version, base in (("0.28.0", "in-tree"), ("0.33.0", "stock")):
+    v2 = "0.34.0 (Model Runner V2)"
+    for version, base in (("0.28.0", "in-tree"), ("0.33.0", "stock"), (v2, "stock")):
         one = found.get(version) or {}
         if "skipped" in one:
             lines.append(f"| {version} | not run: {one['skipped']} | | | | |")
@@ -223,7 +225,7 @@ def _serving(found: dict | None) -> list[str]:
                     f"| {version} | {backend} | {tail} ms | {a:.2f} ({base}) "
                     f"| {b:.2f} | {ratio:.3f} |"
                 )
-    for version in ("0.28.0", "0.33.0"):
+    for version in ("0.28.0", "0.33.0", v2):
         plugin = (found.get(version) or {}).get("plugin") or {}
         for backend, runs in (plugin.get("runs") or {}).items():
             phases = runs.get("guard_phases_ms") or {}
@@ -231,6 +233,35 @@ def _serving(found: dict | None) -> list[str]:
                 f"- {version}, {backend}: the guard over 10 more steps "
                 f"({runs.get('guard_calls')} guarded captures) waited "
                 f"{phases.get('wait', 0):.3f} ms"
+            )
+    return lines
+
+
+def _v2_start_up(cost: dict | None) -> list[str]:
+    """The guard over Model Runner V2's own capture_model (test_serving_loop)."""
+    found = (cost or {}).get("model_runner_v2_start_up")
+    if not found:
+        return []
+    lines = [
+        "",
+        "## Start-up on Model Runner V2",
+        "",
+        "The guard's time by phase over the runner's own `capture_model()` (its",
+        "FULL sizes, warm-up and capture, real CUDA graphs; the harness's",
+        "MiniMax-M3 layers), the least of five start-ups, a new runner each.",
+        "",
+        "| vLLM | backend | guarded captures | guard ms | saving | waiting | "
+        "comparing | putting back | capture_model s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for release, run in found.items():
+        for backend, entry in run["runs"].items():
+            b = entry["least"]
+            lines.append(
+                f"| {release} | {backend} | {b['calls']} | {b['ms']:.2f} | "
+                f"{b.get('save', 0):.2f} | {b.get('wait', 0):.2f} | "
+                f"{b.get('compare', 0):.2f} | {b.get('put_back', 0):.2f} | "
+                f"{b['capture_s']:.2f} |"
             )
     return lines
 

@@ -61,7 +61,31 @@ def _spin(seconds: float) -> None:
         pass
 
 
-class Rank:
+class Loop:
+    """Steps of an idle rank (:meth:`step`, a subclass's), timed."""
+
+    def context(self) -> contextlib.AbstractContextManager:
+        """What the steps run under."""
+        return contextlib.nullcontext()
+
+    def step(self, tail: float) -> None:
+        raise NotImplementedError
+
+    def run(self, tail: float, steps: int, warmup: int) -> dict:
+        with self.context():
+            for _ in range(warmup):
+                self.step(tail)
+            starts = []
+            for _ in range(steps):
+                starts.append(time.perf_counter())
+                self.step(tail)
+            torch.cuda.synchronize()
+        gaps = sorted(b - a for a, b in zip(starts, starts[1:], strict=False))
+        mean = (starts[-1] - starts[0]) / (steps - 1)
+        return {"mean_ms": mean * 1e3, "median_ms": gaps[len(gaps) // 2] * 1e3}
+
+
+class Rank(Loop):
     """One idle rank's buffers and builders, for one backend."""
 
     def __init__(self, backend: str, config: Any, cycles: int) -> None:
@@ -98,21 +122,10 @@ class Rank:
         event.record()
         self.done.append(event)
 
-    def run(self, tail: float, steps: int, warmup: int) -> dict:
-        for _ in range(warmup):
-            self.step(tail)
-        starts = []
-        for _ in range(steps):
-            starts.append(time.perf_counter())
-            self.step(tail)
-        torch.cuda.synchronize()
-        gaps = sorted(b - a for a, b in zip(starts, starts[1:], strict=False))
-        mean = (starts[-1] - starts[0]) / (steps - 1)
-        return {"mean_ms": mean * 1e3, "median_ms": gaps[len(gaps) // 2] * 1e3}
 
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The options every serving-loop module takes."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--guard", choices=("on", "off"), required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--tails", default="0,0.5,2", help="CPU tails, ms")
@@ -121,23 +134,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forward-ms", type=float, default=10.0)
     ap.add_argument("--tree", required=True, help="what the vLLM under test is")
     ap.add_argument("--expect", help="the folder vLLM must be imported from")
-    args = ap.parse_args(argv)
+    return ap
 
+
+def loaded(args: argparse.Namespace) -> contextlib.ExitStack:
+    """vLLM imported from where ``--expect`` says, and the guard loaded where
+    ``--guard on``; the stack holds it until it is closed."""
     import vllm
-
-    from vllm_capture_guard.runtime.base import is_guarded
-    from vllm_capture_guard.tools import harness as sc
-    from vllm_capture_guard.tools.cost import account
 
     where = os.path.dirname(vllm.__file__)
     if args.expect and os.path.realpath(where) != os.path.realpath(args.expect):
         raise SystemExit(f"vLLM imported from {where}, not {args.expect}")
-    on = args.guard == "on"
-    loaded = contextlib.ExitStack()  # held until the process ends
-    if on:
+    stack = contextlib.ExitStack()  # held until the process ends
+    if args.guard == "on":
         from tests.gpu.async_copies import guard_loaded
 
-        loaded.enter_context(guard_loaded())
+        stack.enter_context(guard_loaded())
+    return stack
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(__doc__).parse_args(argv)
+    held = loaded(args)
+
+    from vllm_capture_guard.runtime.base import is_guarded
+    from vllm_capture_guard.tools import harness as sc
+
+    on = args.guard == "on"
     try:
         config = sc.make_vllm_config(0, device=DEVICE, graphs=True)
     except Exception as e:  # vLLM's inspection hides why: import the model
@@ -162,16 +185,29 @@ def main(argv: list[str] | None = None) -> int:
         guarded = is_guarded(vars(made).get("build_for_cudagraph_capture"))
         assert guarded == on, (backend, made, "guarded" if guarded else "not guarded")
         runs = out["runs"].setdefault(backend, {"builder": made.__name__})
-        for tail in (float(t) for t in args.tails.split(",")):
-            runs[f"{tail:g}"] = rank.run(tail / 1e3, args.steps, args.warmup)
-        with account() as spent:  # the guard's phases over a few more steps
-            rank.run(0.0, 10, 0)
-        runs["guard_phases_ms"] = {k: v * 1e3 for k, v in spent.items() if k != "calls"}
-        runs["guard_calls"] = spent["calls"]
+        measure(rank, runs, args)
+    return finish(out, args, held)
+
+
+def measure(rank: Loop, runs: dict, args: argparse.Namespace) -> None:
+    """``rank``'s mean step at each tail, then the guard's phases over a few
+    more steps, into ``runs``."""
+    from vllm_capture_guard.tools.cost import account
+
+    for tail in (float(t) for t in args.tails.split(",")):
+        runs[f"{tail:g}"] = rank.run(tail / 1e3, args.steps, args.warmup)
+    with account() as spent:  # the guard's phases over a few more steps
+        rank.run(0.0, 10, 0)
+    runs["guard_phases_ms"] = {k: v * 1e3 for k, v in spent.items() if k != "calls"}
+    runs["guard_calls"] = spent["calls"]
+
+
+def finish(out: dict, args: argparse.Namespace, held: contextlib.ExitStack) -> int:
+    """The results written to ``--out`` and printed; the guard let go."""
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     print(json.dumps(out))
-    loaded.close()
+    held.close()
     return 0
 
 
