@@ -22,7 +22,7 @@ forward.
 
 Where vLLM's ``Attention`` cannot be made on this host (its backend's
 implementation imports a compiled extension: AITER's on a CPU), the layer is
-:class:`WrittenOutLayer`, which publishes what that layer publishes (the
+:func:`written_out_layer`'s, which publishes what that layer publishes (the
 backend and a full-attention spec of the same sizes) and says why
 (:data:`MiniMaxM3Layers.written_out`). The builders are made from the
 backend, as for the real layer; only the layer's kernels are missing.
@@ -30,6 +30,7 @@ backend, as for the real layer; only the layer's kernels are missing.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -43,41 +44,32 @@ from vllm_capture_guard.tools.harness.models import HEAD_SIZE
 ARCHITECTURE = "CaptureGuardMiniMaxM3Layers"
 
 
-def _attention_base() -> type:
+@functools.cache
+def written_out_layer() -> type:
+    """:class:`WrittenOutLayer`'s class: vLLM's ``AttentionLayerBase`` (what the
+    runner collects, with the attributes every such layer has), holding the
+    backend and the spec (see the module). Made once vLLM is imported."""
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
-    return AttentionLayerBase
+    class WrittenOutLayer(nn.Module, AttentionLayerBase):
+        """The attention layer's spec and backend, for a host where vLLM's own
+        layer cannot be made. It registers in the forward context under the
+        layer's name, as vLLM's layer does."""
 
+        def __init__(self, backend: type, spec: Any, prefix: str, vllm_config: Any):
+            super().__init__()
+            self.backend, self.spec, self.prefix = backend, spec, prefix
+            self.kv_cache = torch.tensor([])
+            context = vllm_config.compilation_config.static_forward_context
+            context[prefix] = self
 
-class WrittenOutLayer(nn.Module):
-    """The attention layer's spec and backend, for a host where vLLM's own
-    layer cannot be made (see the module). It registers in the forward
-    context under the layer's name, as vLLM's layer does."""
+        def get_attn_backend(self) -> type:
+            return self.backend
 
-    def __init__(self, backend: type, spec: Any, prefix: str, vllm_config: Any):
-        super().__init__()
-        self.backend, self.spec, self.prefix = backend, spec, prefix
-        self.kv_cache = torch.tensor([])
-        context = vllm_config.compilation_config.static_forward_context
-        context[prefix] = self
+        def get_kv_cache_spec(self, vllm_config: Any) -> Any:
+            return self.spec
 
-    def get_attn_backend(self) -> type:
-        return self.backend
-
-    def get_kv_cache_spec(self, vllm_config: Any) -> Any:
-        return self.spec
-
-    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
-        self.kv_cache = kv_cache
-
-    @classmethod
-    def as_layer(cls) -> type:
-        """This class, registered as vLLM's ``AttentionLayerBase`` (the
-        runner collects layers of that type)."""
-        base = _attention_base()
-        if not issubclass(cls, base):
-            base.register(cls)
-        return cls
+    return WrittenOutLayer
 
 
 class MiniMaxM3Layers(nn.Module):
@@ -120,7 +112,7 @@ class MiniMaxM3Layers(nn.Module):
                 head_size=HEAD_SIZE,
                 dtype=self.dtype,
             )
-            layer = WrittenOutLayer.as_layer()
+            layer = written_out_layer()
             self.attn = layer(backend_cls, spec, ATTN_LAYER, vllm_config)
             self.written_out = describe(e)
         self.index_cache = MiniMaxM3IndexerCache(
