@@ -11,7 +11,6 @@ import ctypes
 import functools
 import os
 import sys
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +20,6 @@ CAPTURING = "inside a stream capture"  # save()'s watch: nothing has run yet
 EXCHANGE = "ThreadExchangeStreamCaptureMode"  # of the CUDA driver, or HIP
 COPY, RAW = "a copy", "a raw pointer"
 ATEN_COPIES = frozenset({"copy_", "_to_copy", "to", "copy", "_copy_from"})
-_PINNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage: pinned
 
 
 class Watch:
@@ -38,15 +36,12 @@ class Watch:
     def add(self, name: str, value: Any, bounds: tuple | None = None) -> None:
         """Note a saved host value's bytes (``bounds``, if known) where pinned."""
         try:
-            if bounds is None:
-                torch = sys.modules["torch"]
-                if not isinstance(value, torch.Tensor):  # an array: through torch
-                    if not value.flags.writeable:
-                        raise ValueError("a read-only array")
-                    value = torch.from_numpy(value)
-                bounds = _bounds(value)
+            if not isinstance(value, sys.modules["torch"].Tensor):  # through torch
+                if not value.flags.writeable:
+                    raise ValueError("a read-only array")
+                value = sys.modules["torch"].from_numpy(value)
             if _pinned(value):
-                self.ranges.append(bounds)
+                self.ranges.append(bounds or _bounds(value))
         except Exception as e:  # cannot tell what overlaps it: wait for the stream
             self.blind = self.blind or f"{name} ({short(e)})"
 
@@ -70,12 +65,8 @@ def watch(device: Any) -> Any:
     return CAPTURING if torch.cuda.is_current_stream_capturing() else Watch(device)
 
 
-def _pinned(value: Any) -> bool:
-    """Is its memory pinned? Asked once per storage (it keeps its allocator)."""
-    storage = value.untyped_storage()
-    if (known := _PINNED.get(storage)) is None:
-        known = _PINNED[storage] = value.is_pinned()
-    return known
+def _pinned(value: Any) -> bool:  # torch asks the driver: under a microsecond
+    return value.is_pinned()
 
 
 def _bounds(value: Any) -> tuple[int, int]:

@@ -47,17 +47,25 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
                 if not isinstance(value, tuple):
                     saved.append((name, value, copy.copy(value), None))
             elif hasattr(value, "__array__") and hasattr(value, "copy"):  # numpy
-                saved.append((name, value, value.copy(), None))
-                follow and follow.add(name, value)
+                ptr, size, f = _address(value), value.nbytes, value.flags
+                dense = ptr and f.c_contiguous and f.writeable  # no pointer: empty
+                dense = dense and not value.dtype.hasobject  # bytes, not objects
+                kept = (string_at(ptr, size), ptr) if dense else (value.copy(), None)
+                saved.append((name, value, *kept))
+                follow and follow.add(name, value, (ptr, ptr + size) if dense else None)
         except Exception as e:  # that value alone goes unsaved
             failed.append(f"{name} ({short(e)})")
     watch = follow.settled(devices) if follow else watch
     return saved, failed, watch, fields.get("num_actual_tokens", "?")
 
 
+def _address(value: Any) -> int:  # a tensor's, or an array's, first byte
+    return value.data_ptr() if hasattr(value, "data_ptr") else value.ctypes.data
+
+
 def _same(a: Any, b: Any, ptr: int | None) -> bool:
     if ptr is not None:  # bytes; the memory moved if the pointer did
-        if a.data_ptr() != ptr or a.nbytes != len(b):
+        if _address(a) != ptr or a.nbytes != len(b):
             raise ValueError("its memory moved or changed size")
         return string_at(ptr, len(b)) == b
     if isinstance(a, dict):  # the very same objects, or equal scalars
