@@ -229,11 +229,12 @@ baseline() {
   echo "baseline $(cat "$dest/baseline/COMMIT"): $summary"
   python3 - "$GPU_TIER_RESULTS" "$out/baseline-results.json" \
     "$(cat "$dest/baseline/COMMIT")" "$summary" <<'PY'
-import json, os, sys
+import json, os, re, sys
 path, other, ref, summary = sys.argv[1:]
 data = json.load(open(path))
 found = json.load(open(other)) if os.path.exists(other) else {}
 start_up = (found.get("cost") or {}).get("start_up")
+summary = re.sub(r" \(/[^)]*\)", "", summary)  # no machine path in the results
 data["baseline_cost"] = {"ref": ref, "pytest": summary, "start_up": start_up}
 json.dump(data, open(path, "w"), indent=1)
 PY

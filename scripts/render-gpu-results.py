@@ -39,6 +39,7 @@ def render(data: dict) -> str:
         f"- code: this repository at commit {data.get('commit', 'unknown')}",
         f"- pytest session: {data.get('session_seconds')} s; whole run on the "
         f"machine (install + pytest): {data.get('run_seconds')} s",
+        *_second_call(data.get("second_call"), data.get("baseline_cost")),
         "",
         "## Without the guard",
         "",
@@ -127,6 +128,22 @@ def _mutations(found: dict | None) -> list[str]:
     for name, run in found.items():
         lines.append(
             f"- `{name}` ({what.get(name, name)}): `{run['tests']}`: {run['pytest']}"
+        )
+    return lines
+
+
+def _second_call(second: dict | None, baseline: dict | None) -> list[str]:
+    """A second call on the same machine, and a baseline that did not run."""
+    lines = []
+    if second:
+        lines.append(
+            f"- {second['tests']}, in a second call on the same machine at commit "
+            f"{second.get('commit')}: {second.get('run_seconds')} s"
+        )
+    if baseline and baseline.get("start_up") is None and baseline.get("pytest"):
+        lines.append(
+            f"- the cost test on the runtime at {baseline.get('ref')} did not "
+            f"run: `{baseline['pytest'].strip()}`"
         )
     return lines
 
