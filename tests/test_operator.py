@@ -353,3 +353,18 @@ def test_sizes_run_one_builder_per_group_in_the_runners_order():
         g: {id(b)} for g, b in builders
     }
     assert len({s for *_, s in calls}) == 1  # one set of runner buffers
+
+
+@ONCE
+def test_a_requirement_of_model_runner_v2_is_never_called_an_old_release():
+    """vLLM's own refusal to make a config for Model Runner V2 (Triton off) is
+    said as the runner's requirement, with what check needs, not as a release
+    outside the supported range; any other failure keeps that wording."""
+    from vllm_capture_guard.tools import support
+
+    line = support.cannot_set_up("ValueError: Model Runner V2 requires Triton.")
+    assert "Model Runner V2 requires Triton" in line, line
+    assert "supported range" not in line and "supported:" not in line, line
+    assert "triton package" in line, line
+    other = support.cannot_set_up("ImportError: stand-in: needs vllm._C")
+    assert "releases outside the supported range" in other, other
