@@ -72,7 +72,14 @@ PARALLEL = int(os.environ.get("CAPTURE_GUARD_JOBS", "2"))
 TIMEOUT = 900
 #: The variables an operator's shell may set that would change what the
 #: commands judge; each command sets its own.
-SWITCHES = ("VLLM_PLUGINS", switch.ENV, "VLLM_CAPTURE_GUARD_DISABLE")
+SWITCHES = (
+    "VLLM_PLUGINS",
+    switch.ENV,
+    "VLLM_CAPTURE_GUARD_DISABLE",
+    # which runner vLLM uses, and how it captures, must be vLLM's own choice
+    "VLLM_USE_V2_MODEL_RUNNER",
+    "VLLM_USE_BREAKABLE_CUDAGRAPH",
+)
 #: Each tool command's arguments and the guard mode it runs under (None: as
 #: an operator runs it, ``auto``).
 TOOLS = {

@@ -152,12 +152,14 @@ def audit_drift(pinned: dict, newest: dict) -> list[Drift]:
         elif level(b) > level(a):
             text = f"{key}: {LEVELS[level(a)]} ({why_not(a)}) -> {LEVELS[level(b)]}"
             out.append(Drift("no longer skipped", text))
-        was, now = hazard(a), hazard(b)
-        if now and not was:
-            text = f"{key}: the audit: its capture writes {', '.join(now)}"
+        was, now = set(hazard(a)), set(hazard(b))
+        if now - was:  # a field it did not write before, even beside others
+            new = ", ".join(sorted(now - was))
+            text = f"{key}: the audit: its capture writes {new}"
             out.append(Drift("newly hazardous", text))
-        elif was and not now:
-            text = f"{key}: the audit: its capture no longer writes {', '.join(was)}"
+        if was - now:
+            gone = ", ".join(sorted(was - now))
+            text = f"{key}: the audit: its capture no longer writes {gone}"
             out.append(Drift("no longer hazardous", text))
     return out
 
@@ -180,6 +182,12 @@ def generic_drift(pinned: dict, newest: dict) -> list[Drift]:
         if b.get("outcome") == "error" and a.get("outcome") != "error":
             text = f"generic: {key} errors: {one_line(b.get('text'))}"
             out.append(Drift("could not run", text))
+        elif not (was or now) and a.get("outcome") != b.get("outcome"):
+            old_, new_ = a.get("outcome", "not run"), b.get("outcome", "not run")
+            skipped = new_ in ("skipped", "not run")
+            kind = "newly skipped" if skipped else "no longer skipped"
+            text = f"{key}: vLLM's generic test: {old_} -> {new_}"
+            out.append(Drift(kind, text))
     return out
 
 
@@ -207,9 +215,18 @@ def check_item(item: dict | None) -> str:
 
 
 def _item_state(item: dict | None) -> tuple:
+    """What a check line says: its verdict, its counts and unit, its words."""
     if item is None:
         return (None,)
-    return item.get("ok"), item.get("failure"), item.get("note")
+    keys = ("ok", "passed", "total", "unit", "failure", "note")
+    return tuple(item.get(k) for k in keys)
+
+
+def _sizes(found: dict) -> str:
+    """``check --json``'s capture sizes, in one phrase."""
+    sizes = found.get("capture_sizes") or {}
+    count, largest = sizes.get("count"), sizes.get("largest")
+    return f"{count} ({largest}..{sizes.get('smallest')})" if count else "none"
 
 
 def runner(found: dict) -> tuple[str, str]:
@@ -232,6 +249,9 @@ def check_drift(pinned: dict, newest: dict) -> list[Drift]:
         if _item_state(a) != _item_state(b):
             text = f"{name}: {check_item(a)} -> {check_item(b)}"
             out.append(Drift("check's verdict", text))
+    if _sizes(pinned["json"]) != _sizes(newest["json"]):
+        text = f"capture sizes: {_sizes(pinned['json'])} -> {_sizes(newest['json'])}"
+        out.append(Drift("check's verdict", text))
     (a, _), (b, why) = runner(pinned["json"]), runner(newest["json"])
     if a != b:
         out.append(Drift("check's runner", f"{a} -> {b}: {why}"))

@@ -124,10 +124,11 @@ def _in_tree_facts() -> dict:
 def _facts_in(version: str) -> dict:
     from vllm_capture_guard.runtime import switch
     from vllm_capture_guard.tools.oracle import releases
+    from vllm_capture_guard.tools.simulate import triton_interpreter_env
 
-    proc = releases.run_in(
-        version, [__file__, "--facts"], {switch.ENV: None}, cwd=ROOT, timeout=900
-    )
+    # as check sets itself up (its choice of runner is among the facts)
+    env = {switch.ENV: None, **triton_interpreter_env()}
+    proc = releases.run_in(version, [__file__, "--facts"], env, cwd=ROOT, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(
             f"facts on vLLM {version} failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
@@ -418,12 +419,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.facts:
         print(json.dumps(facts()))
         return 0
-    # Triton on, its kernels in its interpreter, in every process of the run,
-    # as check and audit set it up before vLLM is imported (Model Runner V2
-    # needs it; vLLM decides HAS_TRITON at its import)
-    from vllm_capture_guard.tools.simulate import use_triton_interpreter
-
-    use_triton_interpreter()
 
     own = _own_release()
     jobs = jobs_for(list(args.versions), own)

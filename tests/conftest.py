@@ -20,15 +20,18 @@ from typing import Any
 
 import pytest
 
-from vllm_capture_guard.tools.simulate import use_triton_interpreter
+from tests import warm
+from vllm_capture_guard.tools.simulate import triton_interpreter_env
 
-# Before vLLM is imported here or in the warm parent: Triton on, its kernels in
-# Triton's interpreter, as `check` and `audit` set it up on a host without a
-# GPU (vLLM decides HAS_TRITON at its import; Model Runner V2 needs it). On a
-# GPU host this does nothing.
-use_triton_interpreter()
-
-from tests import warm  # noqa: E402 (after the environment it inherits)
+#: Every process the tests start runs as `check` and `audit` set themselves up
+#: on a host without a GPU: Triton on (vLLM decides HAS_TRITON at its import;
+#: Model Runner V2 needs it), its kernels in Triton's interpreter. The warm
+#: parent imports vLLM that way, and each child's environment says so (Triton
+#: reads it as a kernel is defined). The pytest process itself, which drives
+#: vLLM's builders in-process and never Model Runner V2, keeps Triton off, as
+#: before. On a GPU host this is empty.
+TRITON = triton_interpreter_env()
+warm._PARENT_ENV.update(TRITON)
 
 GUARD_LOG = "vllm-capture-guard:"
 
@@ -54,7 +57,7 @@ needs_v1_runner = pytest.mark.skipif(
 
 
 def fresh_env(**overrides: str | None) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {**os.environ, **TRITON}
     env.setdefault("HF_HUB_OFFLINE", "1")
     for key, value in overrides.items():
         if value is None:

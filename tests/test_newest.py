@@ -208,6 +208,64 @@ def test_a_capture_that_writes_shared_cpu_metadata_is_newly_hazardous():
 
 
 @pytest.mark.once
+def test_a_capture_that_writes_another_field_is_newly_hazardous_too():
+    """A backend that wrote one shared field and now writes another (or one
+    more) drifts, though it was a writer on both sides."""
+    old = backend("ROCM_ATTN", cpu_writes=["query_start_loc_cpu"], verdict="HAZARD")
+    new = backend("ROCM_ATTN", cpu_writes=["seq_lens_cpu"], verdict="HAZARD")
+    pinned = results(audit=audit(backend("FLASH_ATTN"), old))
+    newer = results("0.35.0", audit=audit(backend("FLASH_ATTN"), new))
+    assert drifts(pinned, newer) == [
+        ("newly hazardous", "ROCM_ATTN: the audit: its capture writes seq_lens_cpu"),
+        (
+            "no longer hazardous",
+            "ROCM_ATTN: the audit: its capture no longer writes query_start_loc_cpu",
+        ),
+    ]
+
+
+@pytest.mark.once
+def test_fewer_capture_sizes_or_a_smaller_count_is_a_drift():
+    """A check that still passes, on fewer sizes or sites, is not the same
+    check: its counts and the capture sizes are compared too."""
+    fewer = {
+        **CHECK,
+        "capture_sizes": {"count": 35, "largest": 256, "smallest": 1},
+        "checks": [item("indexer after ROCM_ATTN", 35, "capture sizes")]
+        + CHECK["checks"][1:],
+    }
+    pinned = results(
+        check={**CHECK, "capture_sizes": {"count": 51, "largest": 512, "smallest": 1}}
+    )
+    found = drifts(pinned, results("0.35.0", check=fewer))
+    assert (
+        "check's verdict",
+        "indexer after ROCM_ATTN: PASS, 51/51 capture sizes -> PASS, 35/35 capture "
+        "sizes",
+    ) in found, found
+    assert ("check's verdict", "capture sizes: 51 (512..1) -> 35 (256..1)") in found
+
+
+@pytest.mark.once
+def test_a_generic_test_outcome_that_changes_otherwise_drifts():
+    """vLLM's generic test: a backend that passed and is now skipped, or that
+    is gone from the test, is newly skipped; the reverse, no longer."""
+    skipped = {
+        **GENERIC,
+        "backends": {
+            "FLASH_ATTN": {"outcome": "skipped", "host_writes": ""},
+        },
+    }
+    found = drifts(results(), results("0.35.0", generic=skipped))
+    assert found == [
+        ("newly skipped", "FLASH_ATTN: vLLM's generic test: passed -> skipped"),
+        ("newly skipped", "ROCM_ATTN: vLLM's generic test: passed -> not run"),
+    ], found
+    back = drifts(results("0.35.0", generic=skipped), results())
+    assert [k for k, _ in back] == ["no longer skipped", "no longer skipped"], back
+
+
+@pytest.mark.once
 def test_a_command_that_could_not_run_is_listed_with_its_reason():
     new = results("0.35.0")
     error = "ImportError: cannot import name 'AttentionGroup'"

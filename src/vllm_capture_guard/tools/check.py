@@ -236,6 +236,8 @@ def v2_record(backend: str, desc: object, builds: list) -> SeedRun:
 def _run_v2(backends: tuple[str, ...]) -> SeedResult:
     """Model Runner V2, per backend: the runner as a worker makes it, and its
     own ``capture_model()`` (:mod:`.harness.v2`)."""
+    import torch
+
     from vllm_capture_guard.tools.harness import v2
 
     setup = v2.cpu_setup()
@@ -244,14 +246,19 @@ def _run_v2(backends: tuple[str, ...]) -> SeedResult:
     sizes: list[int] = []
     drive_streams: list[str | None] = []
     max_num_seqs = None
+    if torch.cuda.is_available():
+        raise RuntimeError(
+            "check drives Model Runner V2 on the CPU, and this process sees a GPU "
+            "(the command line hides them: this is a call from Python)"
+        )
     for backend in backends:
         try:
             harness.backend_class(backend)
-            config = v2.make_config(backend)
-            runner = v2.make_runner(config)
         except Exception as e:  # e.g. a backend module that needs a GPU to import
             unavailable[backend] = harness.error_text(e)
             continue
+        config = v2.make_config(backend)  # failing here: check could not run
+        runner = v2.make_runner(config)
         note = getattr(runner.model, "written_out", None)
         if note:
             setup.append(f"{backend}'s attention layer: written out ({note})")
@@ -262,6 +269,13 @@ def _run_v2(backends: tuple[str, ...]) -> SeedResult:
             raise RuntimeError(
                 f"Model Runner V2's capture_model raised outside the metadata "
                 f"builders with {backend}: {found.error} (at {found.error_site})"
+            )
+        if not found.error and len(reached) < len(found.descriptors):
+            raise RuntimeError(
+                f"Model Runner V2's capture_model built the metadata of "
+                f"{len(reached)} of its {len(found.descriptors)} FULL graphs where "
+                "check reads them (the model state's prepare_attn) with "
+                f"{backend}; the others cannot be judged"
             )
         sizes = sizes or [d.num_tokens for d in found.descriptors]
         drive_streams += found.streams

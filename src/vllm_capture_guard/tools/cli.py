@@ -178,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return tree_command.run(args)
     quiet_vllm(getattr(args, "verbose", False))
-    if args.command == "check":  # before vLLM decides whether it has Triton
+    if args.command == "check":  # before torch and vLLM are imported
+        hide_gpus()
         with contextlib.suppress(ImportError):  # no torch: said just below
             from vllm_capture_guard.tools.simulate import use_triton_interpreter
 
-            use_triton_interpreter()
+            use_triton_interpreter()  # vLLM decides whether it has Triton
     # audit points vLLM's cache elsewhere before vLLM is imported
     problem = vllm_problem(import_it=args.command != "audit")
     if problem:
@@ -198,6 +199,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         return command.main(args.json, args.trace)
     return command.main(args.json)
+
+
+#: What hides a host's GPUs from a process, on CUDA and on ROCm.
+VISIBLE = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def hide_gpus() -> None:
+    """``check`` runs on the CPU on any host (its harness makes no kernel run,
+    and it must never touch a serving GPU): its own process sees no GPU."""
+    for name in VISIBLE:
+        os.environ[name] = ""
 
 
 def log_as_vllm_serve() -> None:

@@ -140,20 +140,31 @@ class _PlainHostMemory(TorchFunctionMode):
 INTERPRETER = "TRITON_INTERPRET"
 
 
+def triton_interpreter_env() -> dict[str, str]:
+    """What :func:`use_triton_interpreter` sets, for a process to be started
+    (empty where torch sees a GPU or Triton is not installed)."""
+    import importlib.util
+    import os
+
+    if not _no_gpu() or importlib.util.find_spec("triton") is None:
+        return {}
+    return {
+        INTERPRETER: "1",
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+    }
+
+
 def use_triton_interpreter() -> bool:
     """Before vLLM is imported, where torch sees no GPU and Triton is
     installed: run Triton kernels in Triton's interpreter (see above).
     Returns whether it was turned on."""
-    import importlib.util
     import os
 
     if "vllm" in sys.modules or os.environ.get(INTERPRETER):
         return False
-    if not _no_gpu() or importlib.util.find_spec("triton") is None:
-        return False
-    os.environ[INTERPRETER] = "1"
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    return True
+    env = triton_interpreter_env()
+    os.environ.update(env)
+    return bool(env)
 
 
 def _interpreting() -> bool:

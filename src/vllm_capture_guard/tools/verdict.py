@@ -108,6 +108,8 @@ def _indexer(backend: str, runs: list[SeedRun], unit: str, total: int) -> Judgem
     )  # fmt: skip
     if bad and total > len(runs):
         found.stopped_at = bad[0].num_tokens
+    elif total > len(runs):  # a runner that stopped with nothing failing
+        found.ok, found.note = None, f"{total - len(runs)} of {total} sizes not reached"
     if bad:
         first = bad[0]
         where = f" at {first.error_site}" if first.error_site else ""
@@ -198,8 +200,15 @@ def _verdict(judgements: list[Judgement]) -> str:
             "current stream; neither start-up failure happens in what check runs"
         )
     crashes = []
-    if any(j.fix == "rocm-attn-cpu-offsets" for j in failed):
-        crashes.append(f"MiniMax-M3 ({INDEXER_CRASH})")
+    for j in failed:
+        if j.fix != "rocm-attn-cpu-offsets" or j.kind != "start-up":
+            continue
+        if "minimax_m3/common/indexer.py" in (j.failure or ""):  # the seed crash
+            crash = f"MiniMax-M3 ({INDEXER_CRASH})"
+        else:  # something else stopped the capture: said as it is
+            crash = f"{j.name} ({j.failure})"
+        if crash not in crashes:
+            crashes.append(crash)
     if any(j.fix == "graph-capture-stream" for j in failed):
         crashes.append(f"AITER ({STREAM_CRASH})")
     replay = [j.name.split(" keeps ")[0] for j in failed if j.kind == "replay"]

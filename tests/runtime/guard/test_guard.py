@@ -332,6 +332,33 @@ def test_containers_are_put_back():
     assert shared.vendor_ranges == {0: [(0, 1)]}
 
 
+def test_host_arrays_are_kept_by_their_bytes_and_a_numpy_scalar_costs_nothing(
+    caplog,
+):
+    """Model Runner V2's metadata holds a host array (its request indices):
+    a dense one is kept as its bytes, in place, whatever wrote them; a view
+    that is not dense is kept by a copy; a numpy scalar, which nothing can
+    change in place, is kept without a word."""
+    import numpy as np
+
+    shared = harness.shared_metadata(harness.Batch(2))
+    dense, strided = np.arange(8, dtype=np.int64), np.arange(16)[::2]
+    shared.__dict__.update(req_idx=dense, vendor_np=strided, scalar_np=np.int64(3))
+    address = dense.__array_interface__["data"][0]
+
+    def capture(metadata):
+        metadata.req_idx[:] = 0
+        metadata.vendor_np[:] = -1
+
+    with caplog.at_level(logging.WARNING):
+        install.guarded_call(capture, "Arrays", shared)
+    assert shared.req_idx is dense and dense.tolist() == list(range(8))
+    assert dense.__array_interface__["data"][0] == address  # in place
+    assert strided.tolist() == list(range(0, 16, 2))
+    assert shared.scalar_np == 3
+    assert not [r for r in caplog.records if _ours_warned(r)], caplog.text
+
+
 def test_host_is_where_a_tensor_lives_when_the_device_fields_are_on_a_gpu():
     """Device fields that report a GPU (tests.fake_device): every CPU tensor
     and array is a host value, whatever its name; device writes land."""

@@ -156,3 +156,78 @@ def test_every_ubatch_builder_is_guarded():
     vLLM makes it."""
     out, logs = run_snippet(UBATCHES, VLLM_CAPTURE_GUARD="on")
     assert out == {"builders": 2, "guarded": [True, True]}, logs[-2000:]
+
+
+CHOICE = """
+import json
+import vllm.config.vllm as cv
+from vllm_capture_guard.tools import harness
+from vllm_capture_guard.tools.harness import runners
+from vllm_capture_guard.tools.harness.models import DEEPSEEK_V4
+V4 = "DeepseekV4ForCausalLM"
+config = harness.make_vllm_config(0, family=DEEPSEEK_V4)
+host = config.use_v2_model_runner
+rocm = runners.choose(config).runner
+kept = V4 in getattr(cv, "ROCM_DEFAULT_MRV1_ARCHITECTURES", ())  # 0.29 on
+default = getattr(cv, "default_v2_model_runner_architectures", None)  # 0.28
+if default is not None:
+    with runners._as_rocm():
+        kept = kept or V4 not in default()
+print(json.dumps({"host": host, "rocm": rocm, "kept_on_v1": kept}))
+"""
+
+
+@pytest.mark.skipif(
+    not runners.present(runners.V1), reason="this vLLM has one GPU runner only"
+)
+def test_the_runner_is_the_one_vllm_chooses_on_rocm():
+    """vLLM keeps some architectures on the V1 runner on ROCm only (0.28.0's
+    default set for ROCm leaves DeepSeek-V4 out; 0.29.0 lists it among the
+    architectures kept on V1 on ROCm); check judges the ROCm path, so the
+    choice is read with the platform answering as ROCm, whatever this host is.
+    Where vLLM keeps the model on V1 on ROCm, the choice is V1 even where
+    this host's answer is Model Runner V2."""
+    out, logs = run_snippet(CHOICE)
+    if out["kept_on_v1"]:
+        assert out["rocm"] == runners.V1, (out, logs[-2000:])
+    else:
+        assert out["rocm"] == (runners.V2 if out["host"] else runners.V1), out
+
+
+def test_minimax_m3s_own_model_state_builds_metadata_as_the_default_one():
+    """The drive makes its runner with the harness's model, so the runner's
+    model state is vLLM's DefaultModelState. Where the release gives
+    MiniMax-M3 a model state of its own (0.33.0 on, for its ROCm model), that
+    one must build capture metadata as the default one does: it may not
+    define prepare_attn or prepare_dummy_inputs of its own. If a release
+    does, the drive no longer runs what MiniMax-M3 runs, and must make that
+    model state."""
+    import importlib
+    import pkgutil
+
+    from vllm_capture_guard.tools.support import module_exists
+
+    if not module_exists("vllm.v1.worker.gpu.model_states.default"):
+        pytest.skip("this vLLM's Model Runner V2 has no default model state")
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    package = importlib.import_module("vllm.models.minimax_m3")
+    names = [
+        m.name
+        for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+        if m.name.rsplit(".", 1)[-1] == "model_state"
+    ]
+    states = []
+    for name in names:
+        module = importlib.import_module(name)
+        states += [
+            cls
+            for cls in vars(module).values()
+            if isinstance(cls, type)
+            and issubclass(cls, DefaultModelState)
+            and cls is not DefaultModelState
+        ]
+    for cls in states:
+        for base in cls.__mro__[: cls.__mro__.index(DefaultModelState)]:
+            own = set(vars(base)) & {"prepare_attn", "prepare_dummy_inputs"}
+            assert not own, (cls, base, own)

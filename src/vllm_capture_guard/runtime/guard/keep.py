@@ -47,12 +47,12 @@ def save(metadata: Any) -> tuple[list, list[str], Any, Any]:
                 if not isinstance(value, tuple):
                     saved.append((name, value, copy.copy(value), None))
             elif hasattr(value, "__array__") and hasattr(value, "copy"):  # numpy
-                ptr, size, f = _address(value), value.nbytes, value.flags
-                dense = ptr and f.c_contiguous and f.writeable  # no pointer: empty
-                dense = dense and not value.dtype.hasobject  # bytes, not objects
-                kept = (string_at(ptr, size), ptr) if dense else (value.copy(), None)
-                saved.append((name, value, *kept))
-                follow and follow.add(name, value, (ptr, ptr + size) if dense else None)
+                f, size, array = value.flags, value.nbytes, sys.modules["numpy"].ndarray
+                dense = type(value) is array and f.c_contiguous and f.writeable
+                ptr = _address(value) if dense and not value.dtype.hasobject else 0
+                kept = (string_at(ptr, size), ptr) if ptr else (value.copy(), None)
+                saved.append((name, value, *kept))  # bytes, where dense
+                follow and follow.add(name, value, (ptr, ptr + size) if ptr else None)
         except Exception as e:  # that value alone goes unsaved
             failed.append(f"{name} ({short(e)})")
     watch = follow.settled(devices) if follow else watch

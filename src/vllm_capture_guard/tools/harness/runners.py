@@ -3,7 +3,8 @@
 chooses, and it asks vLLM.
 
 * Where the installed vLLM has the choice (``VllmConfig.use_v2_model_runner``,
-  0.27 to 0.33), its answer for the config: Model Runner V2 for the
+  0.27 to 0.33), its answer for the config as on a ROCm host (the platform
+  answering ``is_rocm()`` while it is read): Model Runner V2 for the
   architectures vLLM makes it the default for, under
   ``VLLM_USE_V2_MODEL_RUNNER=1``, and where a feature needs it; the V1
   runner otherwise. vLLM's GPU worker asks the same property.
@@ -19,7 +20,9 @@ imported; ``check`` sets Triton up before that
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 from vllm_capture_guard.tools.support import module_exists
@@ -58,6 +61,36 @@ def present(runner: str) -> bool:
     return module_exists(MODULES[runner])
 
 
+@contextlib.contextmanager
+def _as_rocm() -> Iterator[None]:
+    """vLLM's platform answering ``is_rocm()`` as on a ROCm host, and the
+    answers vLLM cached from it asked again (0.29.0 to 0.33.0 keep some
+    architectures on the V1 runner on ROCm only; 0.28.0 caches its default
+    set per platform), while vLLM's choice is read: check judges the ROCm
+    path on any host."""
+    import sys
+
+    from vllm.platforms import current_platform
+
+    cached = getattr(
+        sys.modules.get("vllm.config.vllm"),
+        "default_v2_model_runner_architectures",
+        None,
+    )
+    clear = getattr(cached, "cache_clear", lambda: None)
+    own = vars(current_platform).get("is_rocm")
+    current_platform.is_rocm = lambda: True
+    clear()
+    try:
+        yield
+    finally:
+        if own is None:
+            vars(current_platform).pop("is_rocm", None)
+        else:
+            current_platform.is_rocm = own
+        clear()
+
+
 def choose(config: Any) -> Choice:
     """The runner vLLM's GPU worker makes for ``config``."""
     from vllm.config import VllmConfig
@@ -68,9 +101,11 @@ def choose(config: Any) -> Choice:
             f"this vLLM has no GPU model runner ({FILES[V1]} nor {FILES[V2]})"
         )
     if isinstance(getattr(VllmConfig, "use_v2_model_runner", None), property):
-        runner = V2 if config.use_v2_model_runner else V1
+        with _as_rocm():
+            runner = V2 if config.use_v2_model_runner else V1
         if has[runner]:
-            return Choice(runner, "vLLM's choice for this model (use_v2_model_runner)")
+            why = "vLLM's choice for this model on ROCm (use_v2_model_runner)"
+            return Choice(runner, why)
     only = V2 if has[V2] else V1
     other = V1 if only == V2 else V2
     if not has[other]:

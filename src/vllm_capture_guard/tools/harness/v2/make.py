@@ -168,8 +168,11 @@ def worker(config: Any, runner: Any) -> Any:
 def _executor(config: Any, runner: Any, profile: Callable[[], Any] | None) -> Any:
     """vLLM's ``Executor``, in-process, over vLLM's GPU ``Worker`` of
     ``runner`` (through vLLM's ``WorkerWrapperBase``, as an executor reaches
-    its workers). Only the free memory is the harness's; compiling and
-    warming up are left to :func:`.watch.capture`."""
+    its workers). Only the free memory is the harness's (``profile`` runs
+    where the worker measures it). The worker's ``compile_or_warm_up_model``
+    (its warm-up dummy runs and kernel warm-ups, then ``capture_model``) is
+    not run: the harness calls the runner's ``capture_model`` alone
+    (:func:`.watch.capture`), the step where the metadata builders capture."""
     from vllm.v1.executor.abstract import Executor
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
