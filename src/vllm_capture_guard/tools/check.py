@@ -159,7 +159,14 @@ def run_check(
     backends: tuple[str, ...] | None = None, num_speculative_tokens: int = 0
 ) -> SeedResult:
     """What vLLM runs at start-up, per backend, on the model runner vLLM uses
-    for the tiny MiniMax-M3 (asked of vLLM, :func:`.harness.runners.choose`)."""
+    for the tiny MiniMax-M3 (asked of vLLM, :func:`.harness.runners.choose`).
+
+    On Model Runner V2 this changes the calling process for good, as vLLM's
+    own CPU worker changes its own: vLLM's CPU shims patch torch's streams,
+    events and pinned memory, the platform gets memory answers, and the
+    harness's model stays registered with vLLM. The command line runs it in
+    a process of its own; from Python, call it in one that does nothing
+    else."""
     from vllm_capture_guard.tools.harness import runners
 
     config = harness.make_vllm_config(num_speculative_tokens, graphs=True)
