@@ -54,7 +54,8 @@ upstream-hooks: env
 ENVS ?= .envs
 ALL_VERSIONS := 0.27.1 0.28.0 0.29.0 0.33.0 0.34.0
 # Releases that get `make check` (status and check) in `make test`, beside the
-# matrix: 0.27.0 is the release ROCm images still pin.
+# matrix (tests/test_makefile.py runs it, in the matrix's release-independent
+# job): 0.27.0 is the release ROCm images still pin.
 CHECK_VERSIONS := 0.27.0
 export CAPTURE_GUARD_ENVS := $(abspath $(ENVS))
 
@@ -73,13 +74,12 @@ endif
 # Every release the matrix or VLLM_VERSION names, except the venv's own (each
 # folder has its own .ready stamp, so this is quick once built).
 envs: env
-	scripts/make-envs.sh $(PY) $(ENVS) $(sort $(ALL_VERSIONS) $(VLLM_VERSION))
+	scripts/make-envs.sh $(PY) $(ENVS) $(sort $(ALL_VERSIONS) $(CHECK_VERSIONS) $(VLLM_VERSION))
 
-# The test suite on each release (the oracle tests once, in the venv), then
-# `make check` on each of CHECK_VERSIONS (only where VLLM_VERSION is not set).
+# The test suite on each release (the oracle tests once, in the venv; `make
+# check` on each of CHECK_VERSIONS among the release-independent tests).
 test: lint envs
 	$(PY) scripts/version_matrix.py $(MATRIX_MODE) --versions $(TEST_VERSIONS)
-	@for v in $(TEST_CHECKS); do $(MAKE) --no-print-directory check VLLM_VERSION=$$v || exit 1; done
 	@echo "make test: tested vLLM $(TEST_VERSIONS)$(if $(TEST_CHECKS), and checked $(TEST_CHECKS))"
 
 # Rewrite README's version table and docs/version-matrix.md from a real run.

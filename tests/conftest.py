@@ -75,6 +75,23 @@ def run_fresh(
     return warm.python(args, fresh_env(**env), fresh=fresh, timeout=timeout)
 
 
+_CLI: dict = {}
+
+
+def run_cli(
+    *args: str, fresh: bool = False, **env: str | None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m vllm_capture_guard ARGS`` in a new process
+    (:func:`run_fresh`), once per session for the same arguments and
+    environment: the tests that ask the same of a command share one run."""
+    full = fresh_env(**env)
+    key = (args, fresh, tuple(sorted(full.items())))
+    if key not in _CLI:
+        cmd = ["-m", "vllm_capture_guard", *args]
+        _CLI[key] = warm.python(cmd, full, fresh=fresh, timeout=600)
+    return _CLI[key]
+
+
 #: Configure vLLM's logging as ``vllm serve`` does before any plugin loads.
 #: 0.27-0.29 do it when ``vllm.logger`` is imported; later releases (0.33) do it
 #: lazily, in the launcher (``configure_logging_from_args``), so a bare process

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import run_fresh
+from tests.conftest import run_cli
 from tests.test_cli import _streams_fail_unguarded
 from vllm_capture_guard.tools import check
 from vllm_capture_guard.tools.harness import streams
@@ -50,9 +50,7 @@ def test_each_site_is_judged_and_one_that_cannot_be_driven_is_named(monkeypatch)
 
 
 def test_check_json_is_a_summary_per_check_and_backend():
-    proc = run_fresh(
-        ["-m", "vllm_capture_guard", "check", "--json"], VLLM_CAPTURE_GUARD="on"
-    )
+    proc = run_cli("check", "--json", VLLM_CAPTURE_GUARD="on")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert len(proc.stdout) < 16_000, len(proc.stdout)  # --trace has every size
     found = json.loads(proc.stdout)

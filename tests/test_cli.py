@@ -10,7 +10,7 @@ import functools
 import re
 
 from tests import capture_sites as cs
-from tests.conftest import run_fresh
+from tests.conftest import run_cli, run_fresh
 from vllm_capture_guard.tools import harness
 
 STREAM_LINE = "capture on the current stream (PR #53818)"
@@ -59,7 +59,7 @@ def _startup_fails_unguarded() -> bool:
 
 
 def _check(**env: str | None):
-    return run_fresh(["-m", "vllm_capture_guard", "check"], **env)
+    return run_cli("check", **env)
 
 
 def test_check_exit_code_says_startup_would_fail_when_off():

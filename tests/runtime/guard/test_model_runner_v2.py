@@ -23,7 +23,7 @@ import json
 
 import pytest
 
-from tests.conftest import guard_lines, run_fresh, run_snippet
+from tests.conftest import guard_lines, run_cli, run_snippet
 from vllm_capture_guard.tools.harness import runners
 
 INDEXER = "vllm/models/minimax_m3/common/indexer.py:"
@@ -40,11 +40,7 @@ pytestmark = pytest.mark.skipif(
 def _check(mode: str) -> tuple[dict, int, str]:
     """``check --trace -v`` on Model Runner V2 with the guard ``mode``: its
     JSON, exit status and log (the guard's lines among vLLM's)."""
-    proc = run_fresh(
-        ["-m", "vllm_capture_guard", "check", "--trace", "-v"],
-        VLLM_CAPTURE_GUARD=mode,
-        **V2,
-    )
+    proc = run_cli("check", "--trace", "-v", VLLM_CAPTURE_GUARD=mode, **V2)
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout), proc.returncode, proc.stderr
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_fresh
+from tests.conftest import run_cli
 from vllm_capture_guard.tools import harness as sc
 
 INDEXER_FILE = "vllm/models/minimax_m3/common/indexer.py"
@@ -29,9 +29,7 @@ def _seed(mode: str) -> tuple[dict, int]:
     """``vllm-capture-guard check --trace`` (every capture size's record, as
     JSON) in a new process: it calls ``vllm.plugins.load_general_plugins()``
     and then runs every backend x capture size of the seed scenario."""
-    proc = run_fresh(
-        ["-m", "vllm_capture_guard", "check", "--trace"], VLLM_CAPTURE_GUARD=mode
-    )
+    proc = run_cli("check", "--trace", "-v", VLLM_CAPTURE_GUARD=mode)
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout), proc.returncode
 
