@@ -22,6 +22,11 @@ else
     export PYTHONPATH="$envs/vllm-$version"
     where="$envs/vllm-$version, in front of the venv's $own"
 fi
+# vLLM's cache for this release, where a folder of them is named (the version
+# matrix names one: a model class's inspection is cached per release there)
+if [ -n "${CAPTURE_GUARD_VLLM_CACHES:-}" ]; then
+    export VLLM_CACHE_ROOT="$CAPTURE_GUARD_VLLM_CACHES/vllm-$version"
+fi
 got=$("$python" -c "$ask")
 if [ "$got" != "$version" ]; then
     echo "with-vllm: asked for vLLM $version, got $got" >&2

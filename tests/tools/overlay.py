@@ -83,7 +83,10 @@ def overlay_env(overlay: Path, base: Path, **extra: str | None) -> dict[str, str
     path = [SRC, overlay]
     if base != PURELIB:
         path.append(base)  # what the release's folder holds besides vllm
-    return releases.env_with(path, extra)
+    # the overlay patches no model file: the release's model-info cache holds
+    (info,) = base.glob("vllm-*.dist-info")
+    version = info.name.removeprefix("vllm-").removesuffix(".dist-info")
+    return releases.env_with(path, {**releases.cache_for(version), **extra})
 
 
 def run_in(

@@ -84,6 +84,7 @@ from tests.tools.overlay import PURELIB, make_overlay, release_base
 from tests.vllm_tree import copied_backend, sdist
 from tests.vllm_tree.plugins.load_vllm_plugins import REPORT
 from vllm_capture_guard.tools.audit.causes import Cause, classify
+from vllm_capture_guard.tools.oracle import releases
 
 pytestmark = pytest.mark.oracle
 
@@ -218,6 +219,9 @@ def vllm_cache_root(version: str) -> str:
     it: vLLM caches its model-class inspection (a subprocess that imports
     vLLM again) in one file per class whatever the release, so runs of two
     releases that share the cache redo it in turn."""
+    shared = releases.cache_for(version)  # the version matrix's, per release
+    if shared:
+        return shared["VLLM_CACHE_ROOT"]
     if os.environ.get("VLLM_CACHE_ROOT"):
         return os.environ["VLLM_CACHE_ROOT"]
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"

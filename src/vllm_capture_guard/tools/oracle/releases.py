@@ -19,6 +19,9 @@ from pathlib import Path
 
 ENVS_VAR = "CAPTURE_GUARD_ENVS"
 DEFAULT_ENVS = ".envs"
+#: A folder of vLLM caches, one per release (``vllm-X``), for the processes
+#: started against each release (the version matrix sets it).
+CACHES_VAR = "CAPTURE_GUARD_VLLM_CACHES"
 
 
 def src_dir() -> Path:
@@ -36,6 +39,19 @@ def env_dir(version: str | None, envs: str | os.PathLike | None = None) -> Path 
     root = Path(envs or os.environ.get(ENVS_VAR) or DEFAULT_ENVS)
     path = root / f"vllm-{version}"
     return path.resolve() if path.is_dir() else None
+
+
+def cache_for(version: str | None) -> dict[str, str]:
+    """``VLLM_CACHE_ROOT`` for a process that runs vLLM ``version``, where
+    ``$CAPTURE_GUARD_VLLM_CACHES`` names a folder of caches per release; else
+    nothing. vLLM caches each model class's inspection (a subprocess that
+    imports vLLM again, about 9 s on two cores) in one file per class,
+    whatever the release, so processes of two releases that share one cache
+    redo it in turn."""
+    base = os.environ.get(CACHES_VAR)
+    if not base or not version:
+        return {}
+    return {"VLLM_CACHE_ROOT": str(Path(base) / f"vllm-{version}")}
 
 
 def env_with(
@@ -65,7 +81,7 @@ def env_for(
     """The process environment that runs this package against ``version``."""
     target = env_dir(version, envs)
     path = [src_dir()] if target is None else [src_dir(), target]
-    return env_with(path, overrides)
+    return env_with(path, {**cache_for(version), **(overrides or {})})
 
 
 def run_in(
