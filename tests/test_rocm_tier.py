@@ -213,6 +213,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.once  # the tier's own runner; no vLLM in it
 def test_run_kills_the_whole_process_group_on_timeout(tmp_path):
     """A hung engine (here: a process whose child sleeps) must not outlive
     its timeout, children included."""
