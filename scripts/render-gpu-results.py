@@ -133,11 +133,11 @@ def _mutations(found: dict | None) -> list[str]:
 
 
 def _second_call(second: dict | None, baseline: dict | None) -> list[str]:
-    """A second call on the same machine, and a baseline that did not run."""
+    """A second run on the same machine, and a baseline that did not run."""
     lines = []
     if second:
         lines.append(
-            f"- {second['tests']}, in a second call on the same machine at commit "
+            f"- {second['tests']}, in a second run on the same machine at commit "
             f"{second.get('commit')}: {second.get('run_seconds')} s"
         )
     if baseline and baseline.get("start_up") is None and baseline.get("pytest"):

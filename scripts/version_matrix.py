@@ -5,9 +5,10 @@
 For each vLLM release, in its own environment (``.envs/vllm-X`` first on
 ``PYTHONPATH``, or the venv's own vLLM; see ``scripts/make-envs.sh``):
 
-0. before any job starts, vLLM's model-info cache of the release, in one
-   process (:func:`warm_model_info`); every process that the jobs start
-   against the release shares that cache (``.envs/cache/vllm/vllm-X``);
+0. before any job starts, vLLM's model-info cache of the release is filled
+   in one process (:func:`warm_model_info`); every process that the jobs
+   start against the release shares that cache
+   (``$CAPTURE_GUARD_VLLM_CACHES/vllm-X``, by default ``.envs/cache/vllm``);
 1. facts, in one fresh interpreter: the seed capture scenario (every ROCm
    backend x batch) with no plugin loaded, and what the tools read in the
    installed code (the capture-stream sites); then
@@ -113,62 +114,60 @@ def facts() -> dict:
     }
 
 
-def warm_model_info() -> dict:
-    """vLLM's model-class inspections for the tiny models the tools and tests
-    build (each family, with and without speculative tokens; the ROCm tier's
-    text-only MiniMax-M3), cached in this
-    release's ``VLLM_CACHE_ROOT`` as vLLM caches them after a run. vLLM runs
-    each in a subprocess that imports vLLM again, to keep CUDA uninitialised
-    in its own process; here, on a CPU host, one process does them all.
-    Nothing depends on it: a class left out is inspected, and cached, by the
-    first process that needs it."""
+def warm_model_info(in_process: bool = True) -> dict:
+    """Fill this release's ``VLLM_CACHE_ROOT`` with vLLM's model-class
+    inspections for the tiny models the tools and tests build (each family's
+    ``ModelConfig``; the ROCm tier's text-only MiniMax-M3), as vLLM caches
+    them after a run. vLLM runs each inspection in a subprocess that imports
+    vLLM again, to keep CUDA uninitialised in its own process; here, on a CPU
+    host, this process runs them all (``in_process=False``: vLLM's own way,
+    which the tests compare it with). Nothing depends on it: a class left out
+    is inspected, and cached, by the first process that needs it."""
+    from vllm.config import ModelConfig
     from vllm.model_executor.models import registry
 
-    from vllm_capture_guard.tools.harness import make_vllm_config
+    from vllm_capture_guard.tools.harness.model import model_config
     from vllm_capture_guard.tools.harness.models import CONFIGS
 
-    if not callable(getattr(registry, "_run_in_subprocess", None)):
-        return {"warmed": [], "why": "vLLM inspects models another way here"}
-    registry._run_in_subprocess = lambda fn: fn()
-    warmed, failed = [], {}
-    for family in CONFIGS:
-        for spec in (0, 1):
-            try:
-                make_vllm_config(spec, family=family)
-                warmed.append(f"{family}/{spec}")
-            except Exception as e:  # the first test that needs it says why
-                failed[f"{family}/{spec}"] = _first_line(e)
-    try:
-        from vllm.config import ModelConfig
+    if in_process:
+        if not callable(getattr(registry, "_run_in_subprocess", None)):
+            return {"warmed": [], "failed": {"all": "vLLM inspects another way"}}
+        registry._run_in_subprocess = lambda fn: fn()
+    sys.path.insert(0, str(ROOT))
+    from tests.rocm.tiny_model import write_engine_model
 
-        sys.path.insert(0, str(ROOT))
-        from tests.rocm.tiny_model import write_engine_model
-
+    def rocm_tier() -> None:
         with tempfile.TemporaryDirectory() as folder:
             model = str(write_engine_model(folder, 1))
             ModelConfig(model=model, skip_tokenizer_init=True, max_model_len=1024)
-        warmed.append("rocm-tier")
-    except Exception as e:
-        failed["rocm-tier"] = _first_line(e)
+
+    builds = {family: lambda f=family: model_config(f) for family in CONFIGS}
+    warmed, failed = [], {}
+    for name, build in {**builds, "rocm-tier": rocm_tier}.items():
+        try:
+            build()
+            warmed.append(name)
+        except Exception as e:  # a family this release lacks, most often
+            failed[name] = f"{type(e).__name__}: {e}".splitlines()[0][:160]
     return {"warmed": warmed, "failed": failed}
 
 
-def _first_line(e: Exception) -> str:
-    return f"{type(e).__name__}: {e}".splitlines()[0][:160]
-
-
 def _warm_in(version: str) -> str:
-    """:func:`warm_model_info` in a fresh interpreter of ``version``."""
+    """:func:`warm_model_info` in a fresh interpreter of ``version``; what
+    happened, in a line (never raises: the jobs inspect what was not warmed)."""
     from vllm_capture_guard.tools.oracle import releases
 
     start = time.monotonic()
-    proc = releases.run_in(version, [__file__, "--warm"], cwd=ROOT, timeout=600)
-    took = f"{time.monotonic() - start:.0f} s"
-    if proc.returncode != 0:  # not fatal: the tests inspect what they need
-        return f"vLLM {version}: not warmed ({took}): {proc.stderr[-300:]}"
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
-    said = f"vLLM {version}: {len(found['warmed'])} configs in {took}"
-    if found.get("failed"):  # a family this release lacks, most often
+    try:
+        proc = releases.run_in(version, [__file__, "--warm"], cwd=ROOT, timeout=600)
+        took = f"{time.monotonic() - start:.0f} s"
+        if proc.returncode != 0:
+            return f"vLLM {version}: not warmed ({took}): {proc.stderr[-300:]}"
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError, OSError) as e:
+        return f"vLLM {version}: not warmed: {type(e).__name__}: {e}"
+    said = f"vLLM {version}: {len(found['warmed'])} models in {took}"
+    if found.get("failed"):
         said += f"; not built: {', '.join(found['failed'])}"
     return said
 
@@ -236,13 +235,13 @@ def jobs_for(versions: list[str], own: str) -> list[Job]:
 
 def _job_env(job: Job, folder: Path) -> dict[str, str | None]:
     """What a job writes is its own: caches (pip's, the tools') under its own
-    ``XDG_CACHE_HOME``, kept between runs in ``.envs/cache``. Two kinds are
-    shared, both written whole or not at all: the vLLM sdists, read by two
-    jobs (the in-tree tests, vLLM's pre-commit hooks), in
+    ``XDG_CACHE_HOME``, kept between runs in ``.envs/cache``. Two are
+    shared: the vLLM sdists, read by two jobs (the in-tree tests, vLLM's
+    pre-commit hooks) and written whole or not at all, in
     ``.envs/cache/sdists``; and vLLM's own cache, one per release
     (``.envs/cache/vllm/vllm-X``, ``releases.cache_for``), for every process
-    that any job starts against that release: vLLM writes its model-class
-    inspections there atomically."""
+    that any job starts against that release: what the suite has vLLM write
+    there is its model-class inspections, each file written atomically."""
     from vllm_capture_guard.runtime import switch
 
     cache = CACHE / job.name
@@ -481,13 +480,14 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true", help="README must match")
     mode.add_argument("--facts", action="store_true", help=argparse.SUPPRESS)
     mode.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
+    mode.add_argument("--warm-as-vllm", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS))
     args = parser.parse_args(argv)
     if args.facts:
         print(json.dumps(facts()))
         return 0
-    if args.warm:
-        print(json.dumps(warm_model_info()))
+    if args.warm or args.warm_as_vllm:
+        print(json.dumps(warm_model_info(in_process=args.warm)))
         return 0
 
     from vllm_capture_guard.tools.oracle import releases

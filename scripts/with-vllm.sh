@@ -25,7 +25,7 @@ fi
 # vLLM's cache for this release, where a folder of them is named (the version
 # matrix names one: a model class's inspection is cached per release there)
 if [ -n "${CAPTURE_GUARD_VLLM_CACHES:-}" ]; then
-    export VLLM_CACHE_ROOT="$CAPTURE_GUARD_VLLM_CACHES/vllm-$version"
+    export VLLM_CACHE_ROOT="$(realpath -m "$CAPTURE_GUARD_VLLM_CACHES")/vllm-$version"
 fi
 got=$("$python" -c "$ask")
 if [ "$got" != "$version" ]; then

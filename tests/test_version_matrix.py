@@ -11,6 +11,9 @@ read it as vLLM's own.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +23,13 @@ from tests.conftest import run_fresh
 pytestmark = pytest.mark.once
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The config ``check`` builds: vLLM inspects its model class (MiniMax-M3).
-BUILD = (
-    "from vllm_capture_guard.tools.harness import make_vllm_config; "
-    "make_vllm_config(0, graphs=True)"
-)
+MATRIX = str(ROOT / "scripts" / "version_matrix.py")
+
+
+def _warm(flag: str, root: Path) -> dict:
+    proc = run_fresh([MATRIX, flag], VLLM_CACHE_ROOT=str(root))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _cached(root: Path) -> dict[str, bytes]:
@@ -32,37 +37,53 @@ def _cached(root: Path) -> dict[str, bytes]:
 
 
 def test_the_warmed_model_info_cache_is_what_vllm_writes(tmp_path):
+    """The same tiny models' configs, once with vLLM inspecting each class in
+    its own subprocess (vLLM's way), once in the warming process: the same
+    files, byte for byte, for every class."""
     theirs, ours = tmp_path / "vllm", tmp_path / "warmed"
-    proc = run_fresh(["-c", BUILD], VLLM_CACHE_ROOT=str(theirs))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run_fresh(
-        [str(ROOT / "scripts" / "version_matrix.py"), "--warm"],
-        VLLM_CACHE_ROOT=str(ours),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    as_vllm = _warm("--warm-as-vllm", theirs)
+    warmed = _warm("--warm", ours)
     # a family this release lacks is said, not fatal (DeepSeek-V4.1 on 0.28.0)
-    assert "minimax_m3/0" in found["warmed"] and "rocm-tier" in found["warmed"]
+    assert warmed == as_vllm
+    assert {"minimax_m3", "rocm-tier"} <= set(warmed["warmed"]), warmed
     wrote = _cached(theirs)
-    assert any("MiniMaxM3" in name for name in wrote), sorted(wrote)
-    warmed = _cached(ours)
-    assert {name: warmed.get(name) for name in wrote} == wrote
+    # one file a class (DeepSeek-V3.2's architecture may map to V3's class)
+    for cls in ("MiniMaxM3SparseForCausalLM", "DeepseekV3ForCausalLM"):
+        assert any(cls in name for name in wrote), sorted(wrote)
+    assert _cached(ours) == wrote
 
 
 def test_a_process_of_each_release_gets_that_releases_vllm_cache(monkeypatch, tmp_path):
     """Where the matrix names a folder of caches, a process started against
     release X gets X's (vLLM's model-info files are one per class, whatever
-    the release); a cache the caller names wins; without the folder, a
-    process keeps what it inherits."""
+    the release), by each way the tools and tests start one; the venv's own
+    release where no folder of X's is there; a cache the caller names wins;
+    without the folder, a process keeps what it inherits."""
+    from tests.tools.overlay import PURELIB, overlay_env
     from vllm_capture_guard.tools.oracle import releases
 
+    own = releases.own_version()
+    assert (PURELIB / f"vllm-{own}.dist-info").is_dir()
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "the-callers"))
     monkeypatch.setenv(releases.CACHES_VAR, str(tmp_path))
-    env = releases.env_for("0.27.1")
+    envs = tmp_path / "envs"
+    (envs / "vllm-0.27.1").mkdir(parents=True)
+    env = releases.env_for("0.27.1", envs=envs)
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm-0.27.1")
-    named = releases.env_for("0.27.1", {"VLLM_CACHE_ROOT": "named"})
+    for asked in (None, "0.0.1"):  # the venv's own vLLM runs
+        env = releases.env_for(asked, envs=envs)
+        assert env["VLLM_CACHE_ROOT"] == str(tmp_path / f"vllm-{own}")
+    named = releases.env_for("0.27.1", {"VLLM_CACHE_ROOT": "named"}, envs=envs)
     assert named["VLLM_CACHE_ROOT"] == "named"
-    monkeypatch.delenv(releases.CACHES_VAR)
-    assert releases.env_for("0.27.1")["VLLM_CACHE_ROOT"] == str(
-        tmp_path / "the-callers"
+    env = overlay_env(tmp_path / "overlay", PURELIB)
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / f"vllm-{own}")
+    proc = subprocess.run(
+        [ROOT / "scripts" / "with-vllm.sh", sys.executable, envs, own, "env"],
+        env={**os.environ, "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
     )
+    assert f"VLLM_CACHE_ROOT={tmp_path / f'vllm-{own}'}\n" in proc.stdout, proc
+    monkeypatch.delenv(releases.CACHES_VAR)
+    env = releases.env_for("0.27.1", envs=envs)
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "the-callers")

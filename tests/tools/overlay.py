@@ -12,6 +12,7 @@ The installed release is never written to.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sysconfig
@@ -83,10 +84,14 @@ def overlay_env(overlay: Path, base: Path, **extra: str | None) -> dict[str, str
     path = [SRC, overlay]
     if base != PURELIB:
         path.append(base)  # what the release's folder holds besides vllm
-    # the overlay patches no model file: the release's model-info cache holds
-    (info,) = base.glob("vllm-*.dist-info")
-    version = info.name.removeprefix("vllm-").removesuffix(".dist-info")
-    return releases.env_with(path, {**releases.cache_for(version), **extra})
+    cache = {}
+    if os.environ.get(releases.CACHES_VAR):  # the version matrix's, per release
+        # the overlay patches no model file: the release's model-info cache
+        # stays valid for it
+        (info,) = base.glob("vllm-*.dist-info")
+        version = info.name.removeprefix("vllm-").removesuffix(".dist-info")
+        cache = releases.cache_for(version)
+    return releases.env_with(path, {**cache, **extra})
 
 
 def run_in(

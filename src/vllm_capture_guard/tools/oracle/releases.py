@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -41,6 +42,16 @@ def env_dir(version: str | None, envs: str | os.PathLike | None = None) -> Path 
     return path.resolve() if path.is_dir() else None
 
 
+def own_version() -> str | None:
+    """The release of the venv's own vLLM (what runs with no ``vllm-X``
+    folder in front of it), read from its ``.dist-info``; no import."""
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    found = [p.name for p in purelib.glob("vllm-*.dist-info")]
+    if len(found) != 1:
+        return None
+    return found[0].removeprefix("vllm-").removesuffix(".dist-info")
+
+
 def cache_for(version: str | None) -> dict[str, str]:
     """``VLLM_CACHE_ROOT`` for a process that runs vLLM ``version``, where
     ``$CAPTURE_GUARD_VLLM_CACHES`` names a folder of caches per release; else
@@ -51,7 +62,7 @@ def cache_for(version: str | None) -> dict[str, str]:
     base = os.environ.get(CACHES_VAR)
     if not base or not version:
         return {}
-    return {"VLLM_CACHE_ROOT": str(Path(base) / f"vllm-{version}")}
+    return {"VLLM_CACHE_ROOT": str(Path(base).resolve() / f"vllm-{version}")}
 
 
 def env_with(
@@ -81,7 +92,8 @@ def env_for(
     """The process environment that runs this package against ``version``."""
     target = env_dir(version, envs)
     path = [src_dir()] if target is None else [src_dir(), target]
-    return env_with(path, {**cache_for(version), **(overrides or {})})
+    ran = version if target is not None else own_version()  # its cache
+    return env_with(path, {**cache_for(ran), **(overrides or {})})
 
 
 def run_in(
