@@ -12,7 +12,6 @@ The installed release is never written to.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sysconfig
@@ -84,13 +83,9 @@ def overlay_env(overlay: Path, base: Path, **extra: str | None) -> dict[str, str
     path = [SRC, overlay]
     if base != PURELIB:
         path.append(base)  # what the release's folder holds besides vllm
-    cache = {}
-    if os.environ.get(releases.CACHES_VAR):  # the version matrix's, per release
-        # the overlay patches no model file: the release's model-info cache
-        # stays valid for it
-        (info,) = base.glob("vllm-*.dist-info")
-        version = info.name.removeprefix("vllm-").removesuffix(".dist-info")
-        cache = releases.cache_for(version)
+    # the version matrix's cache of the release, where it shares them: the
+    # overlay patches no model file, so the release's model-info cache holds
+    cache = releases.cache_for(releases.release_in(base))
     return releases.env_with(path, {**cache, **extra})
 
 

@@ -42,14 +42,20 @@ def env_dir(version: str | None, envs: str | os.PathLike | None = None) -> Path 
     return path.resolve() if path.is_dir() else None
 
 
-def own_version() -> str | None:
-    """The release of the venv's own vLLM (what runs with no ``vllm-X``
-    folder in front of it), read from its ``.dist-info``; no import."""
-    purelib = Path(sysconfig.get_paths()["purelib"])
-    found = [p.name for p in purelib.glob("vllm-*.dist-info")]
+def release_in(folder: str | os.PathLike) -> str | None:
+    """The vLLM release installed in ``folder`` (a site-packages or a
+    ``vllm-X`` target), read from its ``.dist-info``; no import. None unless
+    there is exactly one."""
+    found = [p.name for p in Path(folder).glob("vllm-*.dist-info")]
     if len(found) != 1:
         return None
     return found[0].removeprefix("vllm-").removesuffix(".dist-info")
+
+
+def own_version() -> str | None:
+    """The release of the venv's own vLLM (what runs with no ``vllm-X``
+    folder in front of it)."""
+    return release_in(sysconfig.get_paths()["purelib"])
 
 
 def cache_for(version: str | None) -> dict[str, str]:
