@@ -43,10 +43,14 @@ def test_each_site_is_judged_and_one_that_cannot_be_driven_is_named(monkeypatch)
     line = judged.line()
     n = len(present) - 1
     assert f"{'FAIL' if fails else 'PASS'}, {n}/{n} sites" in line, line
-    assert f"not checked: {by_key[broken_site].site} (RuntimeError" in line, line
+    assert f"not checked here: {by_key[broken_site].site} (RuntimeError" in line
     for key in set(streams.SITES) - set(present):
         assert f"not in this vLLM: {by_key[key].site}" in line, line
-    assert check.passed([judged]) is (not fails)
+    # a site that did not run is never a pass: check cannot judge (exit 2),
+    # unless another site fails (exit 1); an absent site is no site at all
+    assert check.passed([judged]) is False
+    assert check.exit_code([judged]) == (1 if fails else 2)
+    assert not judged.judged and by_key[broken_site].site in judged.unjudged()
 
 
 def test_check_json_is_a_summary_per_check_and_backend():

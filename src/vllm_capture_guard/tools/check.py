@@ -29,18 +29,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
-from vllm_capture_guard.runtime.plugin import report, vllm_version
+from vllm_capture_guard.runtime.plugin import PREFIX, report, vllm_version
 from vllm_capture_guard.tools import harness
 from vllm_capture_guard.tools.contract import FieldWrite
 from vllm_capture_guard.tools.harness import Batch
 from vllm_capture_guard.tools.harness.streams import SiteRun
+from vllm_capture_guard.tools.simulate import Simulation, rocm_platform_answered
 from vllm_capture_guard.tools.verdict import (  # noqa: F401 (check's API)
+    CANNOT_JUDGE,
     DOES_NOT_SHOW,
     INDEXER_CRASH,
     SHOWS,
     Judgement,
+    exit_code,
     judge,
+    not_judged,
     passed,
     summary,
     verdict_lines,
@@ -132,14 +137,15 @@ def run_seed(
     """Every backend x batch of the seed scenario, on the CPU."""
     runs: list[SeedRun] = []
     unavailable: dict[str, str] = {}
+    answered = Simulation()
     for backend in backends or harness.seed_backends():
         try:
-            harness.backend_class(backend)
-        except Exception as e:  # e.g. a backend module that needs a GPU to import
+            import_backend(backend, answered)
+        except Exception as e:  # e.g. a dependency of vLLM that is missing here
             unavailable[backend] = harness.error_text(e)
             continue
         runs += [seed_run(backend, batch) for batch in batches]
-    return _result(runs, unavailable)
+    return _result(runs, unavailable, setup=answered.lines())
 
 
 def _result(runs: list[SeedRun], unavailable: dict[str, str], **more) -> SeedResult:
@@ -153,6 +159,16 @@ def _result(runs: list[SeedRun], unavailable: dict[str, str], **more) -> SeedRes
         unavailable=unavailable,
         **more,
     )
+
+
+def import_backend(backend: str, answered: Simulation) -> type:
+    """The backend's class, its module imported as the audit imports it on a
+    host without a GPU: ``vllm.platforms.rocm``'s GPU architecture query
+    answered as an MI300X's (0.33's AITER module asks it at import; nothing
+    else of the device is simulated). ``answered`` collects what was
+    answered, for the ``set up here:`` lines."""
+    with rocm_platform_answered(answered):
+        return harness.backend_class(backend)
 
 
 def run_check(
@@ -196,8 +212,10 @@ def _run_v1(
         raise RuntimeError("vLLM derived no full-graph capture size for the config")
     runs: list[SeedRun] = []
     unavailable: dict[str, str] = {}
+    answered = Simulation()
     for backend in backends or harness.seed_backends():
         try:
+            import_backend(backend, answered)
             builders = [
                 ("attention", harness.attention_builder(backend, config)),
                 ("indexer", harness.indexer_builder(config)),
@@ -216,6 +234,7 @@ def _run_v1(
         sizes=[b.num_tokens for b in batches],
         speculative_tokens=num_speculative_tokens,
         max_num_seqs=config.scheduler_config.max_num_seqs,
+        setup=answered.lines(),
     )
 
 
@@ -258,10 +277,11 @@ def _run_v2(backends: tuple[str, ...]) -> SeedResult:
             "check drives Model Runner V2 on the CPU, and this process sees a GPU "
             "(the command line hides them: this is a call from Python)"
         )
+    answered = Simulation()
     for backend in backends:
         try:
-            harness.backend_class(backend)
-        except Exception as e:  # e.g. a backend module that needs a GPU to import
+            import_backend(backend, answered)
+        except Exception as e:  # e.g. a dependency of vLLM that is missing here
             unavailable[backend] = harness.error_text(e)
             continue
         config = v2.make_config(backend)  # failing here: check could not run
@@ -293,7 +313,7 @@ def _run_v2(backends: tuple[str, ...]) -> SeedResult:
         sizes=sizes,
         max_num_seqs=max_num_seqs,
         stops=True,
-        setup=setup,
+        setup=setup + answered.lines(),
         drive_streams=drive_streams,
     )
 
@@ -331,8 +351,9 @@ def guard_warnings() -> list[str]:
 
 
 def main(as_json: bool = False, trace: bool = False) -> int:
-    """``vllm-capture-guard check``: 0 pass, 1 a failure would remain, 2 not
-    run."""
+    """``vllm-capture-guard check``: 0 every check ran and passed, 1 a
+    failure would remain, 2 check could not run, or a check (or part of one)
+    did not run here, so it cannot judge."""
     from vllm_capture_guard.tools import support
     from vllm_capture_guard.tools.failure import could_not_run, warn
     from vllm_capture_guard.tools.guard import finish, load_plugins_as_worker
@@ -359,7 +380,8 @@ def main(as_json: bool = False, trace: bool = False) -> int:
     result.guard = None if done is None else done.message
     result.guard_line = finish(told).line()
     result.guard_warnings = tool_warnings(told)
-    result.ok = bool(result.runs) and passed(judge(result))
+    code = exit_code(judge(result))
+    result.ok = code == 0
     warn(result.guard_warnings)
     if as_json:
         out = summary(result)
@@ -368,6 +390,10 @@ def main(as_json: bool = False, trace: bool = False) -> int:
         print(json.dumps(out, indent=None if trace else 2))
     else:
         print("\n".join(verdict_lines(result)))
-    if not result.runs:
-        return 2
-    return 0 if result.ok else 1
+        if code == CANNOT_JUDGE:  # every exit 2 says why on stderr
+            missing = "; ".join(not_judged(judge(result))) or "no check ran"
+            print(
+                f"{PREFIX} check cannot judge: not checked here: {missing}",
+                file=sys.stderr,
+            )
+    return code

@@ -40,15 +40,17 @@ Exit codes:
   1  status: affected and not protected; check: a failure would remain;
      audit: a capture writes shared CPU metadata; patch --check: the tree
      needs the fix
-  2  could not run (vLLM not installed or not importable, a release outside
-     the supported range, an unknown option or --backend, or another
-     error); patch: the tree is not recognised, or the change was refused;
-     the reason is printed on one line on stderr (with --json: as
-     {"ok": false, "error": ...} on stdout)
+  2  could not run or could not judge (vLLM not installed or not
+     importable, a release outside the supported range, an unknown option
+     or --backend, a check or a fix that could not run or be read on this
+     host, no backend built, or another error); patch: the tree is not
+     recognised, or the change was refused; the reason is printed on one
+     line on stderr
 
 --json (one JSON object on stdout) is taken by status, check, audit and
-patch --check. Warnings go to stderr, each after "vllm-capture-guard
-warning:".
+patch --check. Every object carries "exit" (the exit status) and
+"cannot_judge" (true exactly where it is 2, with the reason in "error").
+Warnings go to stderr, each after "vllm-capture-guard warning:".
 
 Every command of status, check and audit prints the same "guard:" line:
 loaded by vLLM's plugin loader or not (and why), the mode, and whether it
@@ -59,18 +61,21 @@ acts on this host or, in check and audit, only simulates the ROCm path.
 COMMANDS = {
     "status": (
         "is this vLLM affected, and protected? (exit 0 yes or not affected, "
-        "1 affected and not protected, 2 error)",
+        "1 affected and not protected, 2 cannot judge or error)",
         "Print the vLLM version, the platform, which fixes this vLLM needs (read\n"
         "from its source), whether the guard is loaded and would apply them, and\n"
-        "one verdict: protected: yes, no (why), or not affected. Off ROCm, under\n"
-        "auto, it judges the ROCm path as check does. It reads this shell's\n"
-        "VLLM_PLUGINS and VLLM_CAPTURE_GUARD*, which may differ from the\n"
-        "server's.\n\n"
+        "one verdict: protected: yes, no (why), not affected, or cannot judge\n"
+        "(why). Off ROCm, under auto, it judges the ROCm path as check does. It\n"
+        "reads this shell's VLLM_PLUGINS and VLLM_CAPTURE_GUARD*, which may\n"
+        "differ from the server's.\n\n"
         "Exit codes: 0 protected, or not affected; 1 affected and not protected;\n"
-        "2 vLLM is not installed or does not import (one-line reason).",
+        "2 cannot judge (a fix's code could not be read here and the guard does\n"
+        "not install it here), or vLLM is not installed or does not import\n"
+        "(one-line reason).",
     ),
     "check": (
-        "both start-up failures on vLLM's own code (exit 0 pass, 1 fail, 2 error)",
+        "both start-up failures on vLLM's own code (exit 0 pass, 1 fail, 2 cannot "
+        "judge or error)",
         "Judge every failure the guard fixes, on this vLLM's own code (CPU):\n"
         "  the MiniMax-M3 indexer after ROCM_ATTN and ROCM_AITER_UNIFIED_ATTN,\n"
         "    at every capture size vLLM derives for the config (512 down to 1),\n"
@@ -83,8 +88,9 @@ COMMANDS = {
         "not ROCm, auto counts as on and the ROCm path is simulated (the guard\n"
         "line says so). A PASS does not show that AITER's kernels are satisfied\n"
         "on a GPU, nor a vendor runner's own host fields.\n\n"
-        "Exit codes: 0 every check passes; 1 a failure would remain (named);\n"
-        "2 the check could not run (one-line reason on stderr; a vLLM without\n"
+        "Exit codes: 0 every check ran and passes; 1 a failure would remain\n"
+        "(named); 2 cannot judge: a check did not run on this host (named), or\n"
+        "check could not run at all (one-line reason on stderr; a vLLM without\n"
         "MiniMax-M3 is outside the supported range).",
     ),
     "audit": (
@@ -93,9 +99,10 @@ COMMANDS = {
         "shared metadata that later builders read? The guard is loaded as in\n"
         "`check`. Writes a cache of vLLM's model inspection under\n"
         "~/.cache/vllm-capture-guard (VLLM_CACHE_ROOT overrides it).\n\n"
-        "Exit codes: 0 no capture writes shared CPU metadata; 1 one does;\n"
-        "2 the audit could not run, or a --backend name is unknown (one-line\n"
-        "reason on stderr, with the valid names).",
+        "Exit codes: 0 no capture of a built backend writes shared CPU metadata\n"
+        "(the others are listed as skipped); 1 one does; 2 the audit could not\n"
+        "run, built no backend, or a --backend name is unknown (one-line reason\n"
+        "on stderr, with the valid names).",
     ),
 }
 

@@ -48,12 +48,27 @@ def warn(warnings: list[str]) -> None:
         print(WARNING + " ".join(text.split()), file=sys.stderr)
 
 
+#: The exit status of a command that could not run, or could not judge.
+CANNOT_JUDGE = 2
+
+
+def could_not_run_json(command: str, reason: str) -> dict[str, object]:
+    """The one JSON object of a command that could not run (docs/json.md)."""
+    return {
+        "ok": False,
+        "command": command,
+        "exit": CANNOT_JUDGE,
+        "cannot_judge": True,
+        "error": reason,
+    }
+
+
 def could_not_run(command: str, reason: str, as_json: bool) -> int:
     """Exit status 2 with one line on stderr saying why (with ``--json``: one
     JSON object on stdout, which is the result there)."""
     reason = " ".join(reason.split())  # one line, whatever the error held
     if as_json:
-        print(json.dumps({"ok": False, "command": command, "error": reason}))
+        print(json.dumps(could_not_run_json(command, reason)))
     else:
         print(f"{PREFIX} {command} could not run: {reason}", file=sys.stderr)
-    return 2
+    return CANNOT_JUDGE

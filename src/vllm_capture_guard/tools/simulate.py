@@ -191,8 +191,27 @@ def _unimplemented(platform: Any, name: str) -> bool:
 
 
 @contextlib.contextmanager
+def rocm_platform_answered(sim: Simulation | None = None) -> Iterator[Simulation]:
+    """The first answer above alone, until exit: ``vllm.platforms.rocm``
+    imported with its GPU architecture query answered, where torch sees no
+    GPU. ``check`` and ``status`` import the ROCm backends' modules under it
+    (0.33's AITER module imports that platform module) and need nothing else
+    of the simulated device."""
+    sim = sim or Simulation()
+    if not _no_gpu():
+        yield sim
+        return
+    finder = _ArchAnswer(sim)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield sim
+    finally:
+        sys.meta_path.remove(finder)
+
+
+@contextlib.contextmanager
 def simulated_device() -> Iterator[Simulation]:
-    """Answer the three questions above, where this host cannot, until exit."""
+    """Answer the questions above, where this host cannot, until exit."""
     sim = Simulation()
     if not _no_gpu():
         yield sim

@@ -29,6 +29,7 @@ from typing import Any
 from vllm_capture_guard.runtime.base import original_of
 from vllm_capture_guard.runtime.patches import graph_capture_stream as stream
 from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as aiter
+from vllm_capture_guard.tools.failure import one_line
 from vllm_capture_guard.tools.shape import fixed_shape, is_host_field
 from vllm_capture_guard.tools.support import module_exists
 
@@ -54,10 +55,17 @@ class Reading:
 
 
 def _import(module: str) -> Any:
+    """The module, imported as ``check`` and the audit import it on a host
+    without a GPU (0.33's AITER module asks the GPU's architecture at import:
+    an MI300X's is answered, :func:`.simulate.rocm_platform_answered`); or
+    why it does not import here."""
+    from vllm_capture_guard.tools.simulate import rocm_platform_answered
+
     try:
-        return importlib.import_module(module)
-    except Exception as e:  # 0.33's AITER module asks the GPU at import
-        return f"cannot import {module} ({type(e).__name__})"
+        with rocm_platform_answered():
+            return importlib.import_module(module)
+    except Exception as e:  # a dependency of vLLM that is missing here
+        return f"cannot import {module} ({one_line(e)[:160]})"
 
 
 def host_writers() -> list[Reading]:

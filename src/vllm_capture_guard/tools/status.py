@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """``vllm-capture-guard status``: is this vLLM affected, and is it protected?
 
-One verdict, last: ``protected: yes``, ``no (why)`` or ``not affected``, and
-the exit code that goes with it (0, 1, 0; 2 when it could not run).
+One verdict, last: ``protected: yes``, ``no (why)``, ``not affected`` or
+``cannot judge (why)``, and the exit code that goes with it (0, 1, 0, 2; 2
+also when it could not run). "cannot judge": a fix's code could not be read
+on this host (its module does not import here) and the guard does not
+install that fix here, so whether this vLLM needs it is not known.
 
 * *Affected* is read from vLLM's source (:mod:`.static`), never from its
   version: each fix is needed, may be needed (the reading is in doubt), or
@@ -122,9 +125,26 @@ def _shell() -> str:
     )
 
 
+#: The verdicts, and the exit code of each.
+YES, NO, NOT_AFFECTED, CANNOT_JUDGE = "yes", "no", "not affected", "cannot judge"
+EXIT = {YES: 0, NOT_AFFECTED: 0, NO: 1, CANNOT_JUDGE: 2}
+
+
+def _unread(found: list[Need], installed: set[str]) -> list[str]:
+    """What was not read on this host, of each fix the guard does not
+    install here: whether this vLLM needs it is not known."""
+    out = []
+    for need in found:
+        if need.unread and need.name not in installed:
+            out.append(f"{need.name} ({', '.join(need.unread)})")
+    return out
+
+
 def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
     """``(verdict, why, simulated)``: load the plugins as ``check`` does and
-    see whether every needed fix comes out installed."""
+    see whether every needed fix comes out installed. A fix whose code could
+    not be read here, and that the guard does not install, leaves the
+    verdict "cannot judge": neither "not affected" nor "yes" is known."""
     from vllm_capture_guard.runtime.base import Status
 
     fixed = {Status.PATCHED, Status.ALREADY, Status.NOT_NEEDED}  # as upstream's
@@ -133,18 +153,22 @@ def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
 
     wanted = [n for n in found if n.affects]
     if not wanted:
-        why = "this vLLM's source needs none of the fixes"
-        unread = list(dict.fromkeys(w for n in found for w in n.unread))
+        unread = _unread(found, set())
         if unread:
-            why += f"; not read on this host: {', '.join(unread)}"
-        return "not affected", why, False
+            return (
+                CANNOT_JUDGE,
+                "this vLLM's source, as far as it was read, needs none of the "
+                f"fixes; not read on this host: {'; '.join(unread)}",
+                False,
+            )
+        return NOT_AFFECTED, "this vLLM's source needs none of the fixes", False
     judged = load_plugins_as_worker("status")
     done = report()
     if done is None:
         reasons = host.not_loaded_because or judged.not_loaded_because
-        return "no", "the guard is not loaded: " + "; ".join(reasons), False
+        return NO, "the guard is not loaded: " + "; ".join(reasons), False
     if done.action == "disabled":
-        return "no", f"{switch.ENV}=off: the guard does nothing", False
+        return NO, f"{switch.ENV}=off: the guard does nothing", False
     problems = list(done.failures)
     for need in wanted:
         outcome = done.outcomes.get(need.name)
@@ -157,7 +181,7 @@ def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
         elif outcome.status not in fixed:
             problems.append(f"{need.name}: {outcome.status} ({outcome.detail})")
     if problems:
-        return "no", "; ".join(problems), False
+        return NO, "; ".join(problems), False
     simulated = not host.rocm and host.mode == switch.Mode.AUTO.value
     why = "the guard applies " + ", ".join(n.name for n in wanted)
     if simulated:
@@ -165,7 +189,12 @@ def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
             "; judged for the ROCm path, as check does (on this host, not ROCm, "
             "auto leaves vLLM alone)"
         )
-    return "yes", why, simulated
+    installed = {n for n, o in done.outcomes.items() if o.status in fixed}
+    unread = _unread(found, installed)
+    if unread:
+        why += f"; not read on this host, and not installed here: {'; '.join(unread)}"
+        return CANNOT_JUDGE, why, simulated
+    return YES, why, simulated
 
 
 def facts() -> dict[str, Any]:
@@ -214,7 +243,8 @@ def facts() -> dict[str, Any]:
         "protected_because": why,
         "simulated": simulated,
         "warnings": warnings(told),
-        "exit": 1 if verdict == "no" else 0,
+        "exit": EXIT[verdict],
+        "cannot_judge": verdict == CANNOT_JUDGE,
     }
 
 

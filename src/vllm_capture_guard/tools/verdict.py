@@ -58,6 +58,22 @@ class Judgement:
     #: the runner stops at the first capture size that fails (Model Runner
     #: V2): the tokens of that size
     stopped_at: int | None = None
+    #: the parts of this check that could not run here, each with why (a
+    #: capture site whose drive raised); a check with any is not judged
+    not_run: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def judged(self) -> bool:
+        """Did every part of this check run?"""
+        return self.ok is not None and not self.not_run
+
+    def unjudged(self) -> str | None:
+        """What of this check did not run, and why; None if all of it ran."""
+        if self.ok is None:
+            return f"{self.name} ({self.note})"
+        if self.not_run:
+            return f"{self.name}: {'; '.join(self.not_run)}"
+        return None
 
     def line(self) -> str:
         if self.ok is None:
@@ -70,11 +86,13 @@ class Judgement:
             return text + (self.failure or "?")
         if self.ok:
             text = f"{self.name}: PASS, {self.passed}/{self.total} {self.unit}"
-            return text + (f"; not checked: {self.note}" if self.note else "")
-        bad = self.total - self.passed
-        text = f"{self.name}: FAIL, {bad}/{self.total} {self.unit} fail: "
-        text += self.failure or "?"
-        return text + (f"; not checked: {self.note}" if self.note else "")
+        else:
+            bad = self.total - self.passed
+            text = f"{self.name}: FAIL, {bad}/{self.total} {self.unit} fail: "
+            text += self.failure or "?"
+        if self.not_run:
+            text += f"; not checked here: {'; '.join(self.not_run)}"
+        return text + (f"; {self.note}" if self.note else "")
 
 
 def _span(result: SeedResult) -> str:
@@ -109,7 +127,8 @@ def _indexer(backend: str, runs: list[SeedRun], unit: str, total: int) -> Judgem
     if bad and total > len(runs):
         found.stopped_at = bad[0].num_tokens
     elif total > len(runs):  # a runner that stopped with nothing failing
-        found.ok, found.note = None, f"{total - len(runs)} of {total} sizes not reached"
+        found.ok = None
+        found.note = f"{total - len(runs)} of {total} sizes not reached"
     if bad:
         first = bad[0]
         where = f" at {first.error_site}" if first.error_site else ""
@@ -132,7 +151,8 @@ def _offsets(backend: str, runs: list[SeedRun], unit: str, total: int) -> Judgem
         failed_sizes=[r.num_tokens for r in bad if r.num_tokens], kind="replay",
     )  # fmt: skip
     if total > len(runs):  # the runner stopped at a failure: not all reached
-        found.note = f"the {total - len(runs)} sizes the runner did not reach"
+        unreached = total - len(runs)
+        found.note = f"not checked: the {unreached} sizes the runner did not reach"
     if bad:
         found.failure = (
             "its capture changes the device query_start_loc that the kernel "
@@ -145,15 +165,16 @@ def _streams(sites: list[SiteRun]) -> Judgement:
     patch = _patch("graph-capture-stream")
     ran = [s for s in sites if s.ok is not None]
     bad = [s for s in ran if not s.ok]
-    skipped = [f"{s.site} ({s.error})" for s in sites if s.ok is None and not s.absent]
+    not_run = [f"{s.site} ({s.error})" for s in sites if s.ok is None and not s.absent]
     gone = [s.site for s in sites if s.absent]
-    if gone:
-        skipped.append(f"not in this vLLM: {', '.join(gone)}")
+    absent = f"not in this vLLM: {', '.join(gone)}" if gone else None
     found = Judgement(
         f"capture on the current stream (PR {patch.pr})", patch.name, patch.pr,
         None if not ran else not bad, len(ran) - len(bad), len(ran), "sites",
-        note="; ".join(skipped) or None,
+        note=absent, not_run=not_run if ran else [],
     )  # fmt: skip
+    if not ran:  # no site could be driven: why, each
+        found.note = "; ".join([*not_run, *([absent] if absent else [])]) or "no site"
     if bad:
         found.failure = (
             f"{', '.join(s.site for s in bad)} capture on torch's side stream "
@@ -187,18 +208,47 @@ def judge(result: SeedResult) -> list[Judgement]:
 
 
 def passed(judgements: list[Judgement]) -> bool:
-    """No check failed, and at least one ran."""
-    ran = [j for j in judgements if j.ok is not None]
-    return bool(ran) and all(j.ok for j in ran)
+    """Every check ran whole and passed (and there is at least one)."""
+    return bool(judgements) and all(j.ok and j.judged for j in judgements)
+
+
+def not_judged(judgements: list[Judgement]) -> list[str]:
+    """What did not run, one entry per check, each with why."""
+    return [text for j in judgements if (text := j.unjudged())]
+
+
+#: ``check``'s exit codes.
+PASS, FAILS, CANNOT_JUDGE = 0, 1, 2
+
+
+def exit_code(judgements: list[Judgement]) -> int:
+    """1 where a check fails (whatever else did not run: that failure stays);
+    else 2 where a check, or part of one, did not run, or none did; else 0."""
+    if any(j.ok is False for j in judgements):
+        return FAILS
+    return PASS if passed(judgements) else CANNOT_JUDGE
+
+
+#: The all-clear, printed only where every check ran and passed.
+ALL_CLEAR = (
+    "verdict: capture gets past every metadata builder and runs on vLLM's "
+    "current stream; neither start-up failure happens in what check runs"
+)
+
+
+def _cannot_judge(judgements: list[Judgement]) -> str:
+    missing = not_judged(judgements) or ["no check ran"]
+    return (
+        "verdict: cannot judge: not checked here: " + "; ".join(missing) + "; check "
+        "passes only where every check runs (the failures these checks look for "
+        "may still happen)"
+    )
 
 
 def _verdict(judgements: list[Judgement]) -> str:
     failed = [j for j in judgements if j.ok is False]
     if not failed:
-        return (
-            "verdict: capture gets past every metadata builder and runs on vLLM's "
-            "current stream; neither start-up failure happens in what check runs"
-        )
+        return ALL_CLEAR if passed(judgements) else _cannot_judge(judgements)
     crashes = []
     for j in failed:
         if j.fix != "rocm-attn-cpu-offsets" or j.kind != "start-up":
@@ -219,7 +269,11 @@ def _verdict(judgements: list[Judgement]) -> str:
         parts.append(
             f"{', '.join(replay)} would capture its graphs over zeroed query offsets"
         )
-    return "verdict: " + "; and ".join(parts)
+    text = "verdict: " + "; and ".join(parts)
+    missing = not_judged(judgements)
+    if missing:
+        text += "; not checked here: " + "; ".join(missing)
+    return text
 
 
 def verdict_lines(result: SeedResult) -> list[str]:
@@ -273,8 +327,12 @@ def summary(result: SeedResult) -> dict[str, Any]:
                 "error_line": run.error_line,
             }
     sizes = result.sizes
-    return {
+    judgements = judge(result)
+    code = exit_code(judgements)
+    out = {
         "ok": result.ok,
+        "exit": code,
+        "cannot_judge": code == CANNOT_JUDGE,
         "vllm": result.vllm,
         "guard": result.guard,
         "guard_line": result.guard_line,
@@ -289,10 +347,14 @@ def summary(result: SeedResult) -> dict[str, Any]:
         "runner": result.runner,
         "stops_at_first_failure": result.stops,
         "set_up": result.setup,
-        "checks": [dataclasses.asdict(j) for j in judge(result)],
+        "checks": [dataclasses.asdict(j) for j in judgements],
+        "not_checked": not_judged(judgements),
         "backends": backends,
         "sites": [dataclasses.asdict(s) for s in result.streams],
         "unavailable": result.unavailable,
         "shows": SHOWS,
         "does_not_show": DOES_NOT_SHOW,
     }
+    if code == CANNOT_JUDGE:
+        out["error"] = _cannot_judge(judgements).removeprefix("verdict: ")
+    return out

@@ -100,24 +100,30 @@ def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
         result.guard_warnings = warnings(told)
     except Exception as e:
         return could_not_run("audit", error_text(e), as_json)
-    from vllm_capture_guard.tools.failure import warn
+    from vllm_capture_guard.runtime.plugin import PREFIX
+    from vllm_capture_guard.tools.failure import CANNOT_JUDGE, warn
 
     warn(result.guard_warnings)
+    nothing_built = (
+        f"none of the {result.registered} backends asked for can be built on "
+        "this machine (see skipped)"
+    )
+    code = 1 if result.cpu_writers else 0
+    if not result.built:  # nothing was audited: no verdict either way
+        code = CANNOT_JUDGE
     if as_json:
         from vllm_capture_guard.tools.audit.schema import to_json
 
-        print(json.dumps(to_json(result), indent=2))
+        out = to_json(result)
+        out["exit"] = code
+        out["cannot_judge"] = code == CANNOT_JUDGE
+        if code == CANNOT_JUDGE:
+            out["error"] = nothing_built
+        print(json.dumps(out, indent=2))
     else:
         from vllm_capture_guard.tools.audit.render import print_report
 
         print_report(result)
-    if not result.built:
-        from vllm_capture_guard.runtime.plugin import PREFIX
-
-        print(
-            f"{PREFIX} audit could not run: none of the {result.registered} "
-            "backends asked for can be built on this machine (see skipped)",
-            file=sys.stderr,
-        )
-        return 2
-    return 1 if result.cpu_writers else 0
+    if code == CANNOT_JUDGE:
+        print(f"{PREFIX} audit could not run: {nothing_built}", file=sys.stderr)
+    return code

@@ -80,7 +80,16 @@ def verdict_line(result: AuditResult) -> str:
         return "FAIL: capture writes shared CPU metadata: " + "; ".join(
             f"{n} ({', '.join(by[n].cpu_writes)})" for n in result.cpu_writers
         )
-    return "OK: no built backend's capture writes shared CPU metadata"
+    if not result.built:
+        return "CANNOT JUDGE: no backend asked for could be built here (see skipped)"
+    unchecked = result.registered - result.captured
+    text = "OK: no built backend's capture writes shared CPU metadata"
+    if unchecked:
+        text += (
+            f"; not checked here: the {unchecked} of {result.registered} backends "
+            "that were not built or whose capture cannot run here (see skipped)"
+        )
+    return text
 
 
 #: Said once under the findings: why device-side ones are no hazard.

@@ -254,6 +254,7 @@ def check_json(plan: Plan) -> dict[str, Any]:
         "command": "patch --check",
         "tree": plan.tree.describe(),
         "exit": code,
+        "cannot_judge": code == 2,
         "verdict": VERDICTS[code].split(" (")[0],
         "findings": [
             {"fix": f.fix, "pr": f.pr, "file": f.rel, "state": str(f.state),
@@ -297,7 +298,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:  # a file we cannot read: not "needs the fix"
         why = f"{PROG}: could not read the tree: {e}"
     if as_json:
-        print(json.dumps({"ok": False, "command": "patch --check", "error": why}))
+        from vllm_capture_guard.tools.failure import could_not_run_json
+
+        print(json.dumps(could_not_run_json("patch --check", why)))
     else:
         _refusal(why)
     return 2
