@@ -91,14 +91,3 @@ def test_the_runtime_is_small_and_formatted_as_ruff_formats_it():
     assert not skipped, f"fmt: skip in the runtime: {skipped}"
     lines = sum(len(p.read_text().splitlines()) for p in runtime)
     assert lines <= RUNTIME_CEILING, f"the runtime has {lines} lines"
-
-
-def test_the_guard_is_a_part_of_its_own_split_by_job():
-    guard = PACKAGE / "runtime" / "guard"
-    assert sorted(p.name for p in guard.glob("*.py")) == [
-        "__init__.py",  # reading the metadata
-        "copies.py",  # the copies and the wait
-        "install.py",  # where it is installed, and the guarded call
-        "keep.py",  # saving and putting back
-    ]
-    assert not (PACKAGE / "runtime" / "patches" / "rocm_attn_cpu_offsets.py").exists()

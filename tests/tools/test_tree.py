@@ -14,7 +14,6 @@ import py_compile
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -108,9 +107,9 @@ def test_tree_forms(affected, tmp_path, capsys):
 
 
 def test_default_tree_is_found_without_importing_vllm():
-    """``--check`` on the installed vLLM: <= 1 s for the whole process, and
-    no module of vLLM imported (find_spec of a top-level package executes
-    nothing)."""
+    """``--check`` on the installed vLLM imports no module of vLLM and not
+    torch (find_spec of a top-level package executes nothing). What it costs
+    is measured by ``make bench`` (benchmarks/bench_tree.py), not here."""
     code = (
         "import contextlib, io, json, sys, time\n"
         "t0 = time.perf_counter()\n"
@@ -121,18 +120,13 @@ def test_default_tree_is_found_without_importing_vllm():
         "print(json.dumps([rc, mods, 'torch' in sys.modules, out.getvalue(),"
         " time.perf_counter() - t0]))\n"
     )
-    walls = []
-    for _ in range(3):  # best of 3: the cost, not a busy machine's jitter
-        start = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-        )
-        walls.append(time.perf_counter() - start)
-        rc, mods, torch_loaded, out, inner = json.loads(proc.stdout)
-        assert rc in (0, 1), out
-        assert "vLLM tree:" in out
-        assert mods == [] and not torch_loaded
-    assert min(walls) <= 1.0, f"{walls} s (in the process: {inner:.3f} s)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    rc, mods, torch_loaded, out, _ = json.loads(proc.stdout)
+    assert rc in (0, 1), out
+    assert "vLLM tree:" in out
+    assert mods == [] and not torch_loaded
     spec = importlib.util.find_spec("vllm")
     assert find_tree().package == Path(spec.submodule_search_locations[0])
 
