@@ -59,8 +59,8 @@ ALL_VERSIONS := 0.27.1 0.28.0 0.29.0 0.33.0 0.34.0
 CHECK_VERSIONS := 0.27.0
 export CAPTURE_GUARD_ENVS := $(abspath $(ENVS))
 
-# `make test`: every release, and the README's version table must be what the
-# run found. `VLLM_VERSION=X make test`: the suite on release X only (no table).
+# `make test`: every release, and the version table of docs/version-matrix.md
+# must be what the run found. `VLLM_VERSION=X make test`: the suite on release X only (no table).
 ifeq ($(origin VLLM_VERSION),file)
 TEST_VERSIONS := $(ALL_VERSIONS)
 TEST_CHECKS := $(CHECK_VERSIONS)
@@ -82,7 +82,7 @@ test: lint envs
 	$(PY) scripts/version_matrix.py $(MATRIX_MODE) --versions $(TEST_VERSIONS)
 	@echo "make test: tested vLLM $(TEST_VERSIONS)$(if $(TEST_CHECKS), and checked $(TEST_CHECKS))"
 
-# Rewrite README's version table and docs/version-matrix.md from a real run.
+# Rewrite the version table of docs/version-matrix.md from a real run.
 matrix: lint envs
 	$(PY) scripts/version_matrix.py --write --versions $(ALL_VERSIONS)
 

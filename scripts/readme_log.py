@@ -1,26 +1,31 @@
 #!/usr/bin/env python
 # SPDX-License-Identifier: Apache-2.0
-"""The README's log excerpt ("What the log shows"), from a run, so that it
-cannot drift from what the guard logs.
+"""The guard's log lines that the README and docs/log.md quote by hand,
+against a real run, so that a quoted line cannot drift from what the guard
+logs.
 
-Runs ``VLLM_CAPTURE_GUARD=on vllm-capture-guard check -v`` in a new process on
-the vLLM this interpreter has (the venv's: the release ``make env`` builds),
-with the model runner vLLM chooses for the tiny MiniMax-M3, keeps the guard's
-own log lines (those holding ``vllm-capture-guard:``), in the order logged,
-each with its time written ``...``, and writes them, with one line naming the
-run, between the ``log-excerpt`` markers of README.md.
+A quoted line is a line of a fenced code block that starts with a log level
+and ``...`` and holds ``vllm-capture-guard:``, such as::
 
-    python scripts/readme_log.py            # rewrite the excerpt
-    python scripts/readme_log.py --check    # exit 1 if the README's differs
+    INFO ... vllm-capture-guard: rocm-attn-cpu-offsets: patched (...) on vLLM 0.28.0
 
-``--check`` compares after writing every time as ``...`` on both sides.
+Each ``...`` in it stands for any text (vLLM's time, file and line, or a
+part left out). The run is ``VLLM_CAPTURE_GUARD=on vllm-capture-guard check
+-v`` in a new process on the vLLM of this interpreter (the venv's: the
+release ``make env`` builds), with the model runner vLLM chooses for the tiny
+MiniMax-M3. Its guard lines (those holding ``vllm-capture-guard:``) are
+kept in the order logged, each time written ``...``. Every quoted line must
+match one of them, whole.
+
+    python scripts/readme_log.py            # print the run's guard lines
+    python scripts/readme_log.py --check    # exit 1 if a quoted line is not among them
+
 ``tests/test_readme_log.py`` asks the same of a run in a new process.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import re
 import subprocess
@@ -28,10 +33,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-START, END = "<!-- log-excerpt:start -->", "<!-- log-excerpt:end -->"
+#: The pages whose quoted log lines are checked.
+PAGES = (ROOT / "README.md", ROOT / "docs" / "log.md")
 GUARD_LOG = "vllm-capture-guard:"
-#: The command, as the README shows it, and as this script runs it.
+#: The command, as the pages show it, and as this script runs it.
 SHOWN = "VLLM_CAPTURE_GUARD=on vllm-capture-guard check -v"
 ARGS = ["-m", "vllm_capture_guard", "check", "-v"]
 #: The environment of the run: the guard on, every patch in, vLLM's choice of
@@ -47,10 +52,12 @@ ENV: dict[str, str | None] = {
 }
 #: vLLM's log prefix: level, then month-day and time.
 TIME = re.compile(r"^([A-Z]+) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? ")
-RUNNER = re.compile(r"^runner: (.+?) \(")
-VLLM = re.compile(r"^vLLM (\S+): ")
-#: The release the excerpt's own line names.
-NAMED = re.compile(r" with vLLM (\S+), ")
+#: A quoted line: a level, ``...`` for the time, then the rest.
+QUOTED = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR) \.\.\. ")
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", flags=re.S | re.M)
+#: The release a quoted line names (the patch lines end so).
+NAMED = re.compile(r" on vLLM (\d+\.\d+\.\d+)\b")
+ELIDED = "..."
 
 
 def normal(line: str) -> str:
@@ -59,31 +66,42 @@ def normal(line: str) -> str:
     return TIME.sub(r"\1 ... ", line.rstrip())
 
 
-def excerpt(stdout: str, stderr: str) -> list[str]:
-    """The block that goes between the markers, from one run's output: a
-    line naming the run (the vLLM release and the runner ``check`` names on
-    its stdout), then the guard's log lines, times written ``...``."""
-    out = stdout.splitlines()
-    release = next((m[1] for m in map(VLLM.match, out) if m), None)
-    runner = next((m[1] for m in map(RUNNER.match, out) if m), None)
-    if release is None or runner is None:
-        raise ValueError(f"check printed no vLLM or runner line:\n{stdout[-3000:]}")
+def quoted(text: str) -> list[str]:
+    """The guard's log lines that ``text`` quotes in its code blocks."""
+    return [
+        line.rstrip()
+        for block in FENCE.findall(text)
+        for line in block.splitlines()
+        if QUOTED.match(line) and GUARD_LOG in line
+    ]
+
+
+def pattern(line: str) -> re.Pattern[str]:
+    """A quoted line as a pattern: each ``...`` any text, the rest as it is."""
+    return re.compile(".*?".join(map(re.escape, line.split(ELIDED))))
+
+
+def missing(wanted: list[str], logged: list[str]) -> list[str]:
+    """The quoted lines that match no logged line, whole."""
+    return [w for w in wanted if not any(pattern(w).fullmatch(g) for g in logged)]
+
+
+def release(lines: list[str]) -> str | None:
+    """The vLLM release the quoted lines name, if they name one."""
+    return next((m[1] for m in map(NAMED.search, lines) if m), None)
+
+
+def guard_lines(stdout: str, stderr: str) -> list[str]:
+    """The guard's log lines of one run, times written ``...``."""
     lines = [normal(line) for line in (stderr + "\n" + stdout).splitlines()]
     logged = [line for line in lines if GUARD_LOG in line]
     if not logged:
         raise ValueError(f"check -v logged no guard line:\n{stderr[-3000:]}")
-    return [
-        "<!-- generated by scripts/readme_log.py; do not edit -->",
-        f"The guard's lines of `{SHOWN}` on a CPU host with vLLM {release}, "
-        f"where check drives {runner}, times written `...`:",
-        "```",
-        *logged,
-        "```",
-    ]
+    return logged
 
 
 def run() -> list[str]:
-    """:func:`excerpt` of a run in a new process (see the module)."""
+    """:func:`guard_lines` of a run in a new process (see the module)."""
     env = dict(os.environ)
     for key, value in ENV.items():
         if value is None:
@@ -104,57 +122,33 @@ def run() -> list[str]:
             f"\n{proc.stderr[-3000:]}"
         )
     try:
-        return excerpt(proc.stdout, proc.stderr)
+        return guard_lines(proc.stdout, proc.stderr)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-
-
-def release(block: list[str]) -> str | None:
-    """The vLLM release an excerpt says it ran on."""
-    return next((m[1] for m in map(NAMED.search, block) if m), None)
-
-
-def in_readme(text: str) -> list[str]:
-    """The block between the markers of ``text``, times written ``...``."""
-    if START not in text or END not in text:
-        raise SystemExit(f"README.md has no {START} ... {END} markers")
-    inner = text.split(START, 1)[1].split(END, 1)[0]
-    return [normal(line) for line in inner.strip("\n").splitlines()]
-
-
-def with_excerpt(text: str, block: list[str]) -> str:
-    """``text`` with ``block`` between its markers."""
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    return head + START + "\n" + "\n".join(block) + "\n" + END + tail
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--check", action="store_true", help="exit 1 if the README's excerpt differs"
+        "--check",
+        action="store_true",
+        help="exit 1 if a quoted line is not in what the run logs",
     )
     args = parser.parse_args()
-    text = README.read_text()
-    have = in_readme(text)  # the markers, before the run
-    block = run()
-    if args.check:
-        if have == block:
-            print("README.md's log excerpt is what this run logs")
-            return 0
-        print("README.md's log excerpt is not what this run logs:")
-        sys.stdout.writelines(
-            difflib.unified_diff(
-                [f"{line}\n" for line in have],
-                [f"{line}\n" for line in block],
-                "README.md",
-                "run",
-            )
-        )
-        print("run `python scripts/readme_log.py` to rewrite it")
+    logged = run()
+    if not args.check:
+        print("\n".join(logged))
+        return 0
+    bad = 0
+    for page in PAGES:
+        wanted = quoted(page.read_text())
+        for line in missing(wanted, logged):
+            print(f"{page.relative_to(ROOT)}: not in what `{SHOWN}` logs: {line}")
+            bad += 1
+    if bad:
+        print("what it logs:\n" + "\n".join(logged))
         return 1
-    README.write_text(with_excerpt(text, block))
-    print(f"README.md: log excerpt written ({len(block) - 4} guard lines)")
+    print("every quoted guard line is in what this run logs")
     return 0
 
 

@@ -87,3 +87,68 @@ def test_a_process_of_each_release_gets_that_releases_vllm_cache(monkeypatch, tm
     monkeypatch.delenv(releases.CACHES_VAR)
     env = releases.env_for("0.27.1", envs=envs)
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "the-callers")
+
+
+def _matrix_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("version_matrix", MATRIX)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["version_matrix"] = module  # for its dataclasses
+    spec.loader.exec_module(module)
+    return module
+
+
+def _facts(version: str, fails: bool) -> dict:
+    """What ``--facts`` reports, in the shape the table is rendered from."""
+    capture = {"ok": 0 if fails else 6, "runs": 6, "errors": []}
+    if fails:
+        capture["errors"] = [
+            "AssertionError in vllm/models/minimax_m3/common/indexer.py"
+        ]
+    return {
+        "vllm": version,
+        "runner": ["the V1 model runner", "vLLM's choice"],
+        "backends": ["ROCM_ATTN"],
+        "unguarded": {"ROCM_ATTN": capture},
+        "read": {"graph-capture-stream": [{"where": "capture", "needed": fails}]},
+        "patches": ["rocm-attn-cpu-offsets"],
+        "guard_action": "patched",
+        "outcomes": {"rocm-attn-cpu-offsets": ["patched", "every builder"]},
+        "wrote": {"RocmAttentionMetadataBuilder": {"query_start_loc_cpu": 512}},
+        "guarded": {"ROCM_ATTN": {"ok": 6, "runs": 6, "errors": []}},
+        "in_tree": {"verdict": "applies", "fixes": {"rocm-attn-cpu-offsets": "needed"}},
+    }
+
+
+def test_the_version_table_is_written_and_checked_in_its_docs_page(tmp_path):
+    """``--write`` puts the table between the markers of docs/version-matrix.md
+    (the README holds none); ``--check`` compares that table alone (a new
+    timing elsewhere on the page is no difference) and finds a changed cell."""
+    vm = _matrix_module()
+    assert vm.DOC == ROOT / "docs" / "version-matrix.md"
+    assert not hasattr(vm, "README"), "the version matrix still writes the README"
+    readme = (ROOT / "README.md").read_text()
+    assert vm.START not in readme and vm.END not in readme
+    committed = vm.DOC.read_text()
+    assert committed.count(vm.START) == committed.count(vm.END) == 1
+    table = committed.split(vm.START, 1)[1].split(vm.END, 1)[0]
+    assert [v for v in vm.VERSIONS if f"\n| {v} | " in table] == list(vm.VERSIONS)
+
+    tests = {"passed": 1, "failed": 0, "skipped": 0, "seconds": 1, "skips": {}}
+    results = {
+        v: {"facts": _facts(v, fails), "tests": tests}
+        for v, fails in (("0.28.0", True), ("0.29.0", False))
+    }
+    section = vm.table_section(results)
+    page = tmp_path / "version-matrix.md"
+    page.write_text(vm.doc(results, {}, section, total=10, cpu=20))
+    assert vm.stale_table(section, page) == []
+    page.write_text(page.read_text().replace("10 s wall", "11 s wall"))
+    assert vm.stale_table(section, page) == [], "a timing is no table difference"
+    results["0.29.0"]["facts"]["guard_action"] = "not needed"
+    diff = "".join(vm.stale_table(vm.table_section(results), page))
+    assert "| 0.29.0 |" in diff and "not needed" in diff
+    page.write_text("no table here\n")
+    with pytest.raises(SystemExit, match="markers"):
+        vm.stale_table(section, page)

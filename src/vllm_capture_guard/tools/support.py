@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-#: What this project supports, in words (README, "Supported releases").
+#: What this project supports, in words (docs/releases.md).
 SUPPORTED = (
     "supported: vLLM 0.27.0 to 0.28.0 (affected: the guard fixes capture) and "
     "0.29.0 and later (fixed upstream: the guard changes nothing)"
