@@ -13,6 +13,8 @@ others judge hand-made results: they test check's own verdict, not vLLM.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests import warm
@@ -35,18 +37,20 @@ def no_llguidance(tmp_path_factory) -> str:
     return str(root)
 
 
+@pytest.mark.once
 def test_a_row_that_could_not_run_makes_check_exit_2_without_the_all_clear(
     no_llguidance,
 ):
-    env = fresh_env(PYTHONPATH=no_llguidance)
+    """On the venv's release (0.28.0, the V1 runner, as the operator met it).
+    Model Runner V2's path does not import ``llguidance``: there every row
+    runs, and check rightly passes."""
+    path = [no_llguidance, *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = fresh_env(PYTHONPATH=os.pathsep.join(path))
     proc = warm.python(["-m", "vllm_capture_guard", "check"], env)
     out = proc.stdout
     assert proc.returncode == 2, out[-3000:] + proc.stderr[-3000:]
     assert ALL_CLEAR not in out
     rows = [ln.strip() for ln in out.splitlines() if ln.startswith("  ")]
-    if not rows:  # this release needs it before any row: check could not run
-        assert "could not run" in proc.stderr and "llguidance" in proc.stderr
-        return
     unchecked = [r for r in rows if "not checked here" in r]
     assert unchecked and all("llguidance" in r for r in unchecked), rows
     assert any(
@@ -102,6 +106,17 @@ def test_an_unavailable_backend_is_exit_2_named_in_the_verdict():
     assert ROCM in summary["error"]
 
 
+def test_a_backend_with_no_capture_and_no_reason_is_not_checked():
+    """A runner that captured nothing with a backend, and raised nothing
+    (vLLM derived no FULL size for it): that row is "not checked here"."""
+    runs = [_run(AITER, True, t) for t in (2, 1)]
+    result = _result(runs, {})
+    (row,) = [j for j in check.judge(result) if j.name.endswith(f"after {ROCM}")]
+    assert row.ok is None and row.note == "no capture ran"
+    assert check.exit_code(check.judge(result)) == 2
+    assert _verdict(result) != ALL_CLEAR
+
+
 def test_no_run_at_all_is_exit_2():
     result = _result([], {ROCM: "stand-in", AITER: "stand-in"})
     judged = check.judge(result)
@@ -127,3 +142,22 @@ def test_a_runner_that_stopped_with_nothing_failing_cannot_be_judged():
     (indexer,) = [j for j in check.judge(result) if j.name.endswith(ROCM)]
     assert indexer.ok is None and "1 of 2 sizes not reached" in indexer.note
     assert check.exit_code([indexer]) == 2
+
+
+# --- status -------------------------------------------------------------------
+
+
+def test_status_cannot_judge_a_fix_it_could_not_read():
+    """A fix whose code could not be read here is never "not affected" nor
+    "yes" unless the guard installs it here."""
+    from vllm_capture_guard.tools import status
+
+    unread = status.Need("x-fix", "#1", status.NOT_READ, "", unread=["X (why)"])
+    read = status.Need("y-fix", "#2", status.NOT_NEEDED, "")
+    verdict, why, _ = status.protection(None, [read, unread])
+    assert verdict == status.UNKNOWN and status.EXIT[verdict] == 2
+    assert "x-fix (X (why))" in why
+    assert status._unread([read, unread], {"x-fix"}) == []
+    assert status._unread([read, unread], set()) == ["x-fix (X (why))"]
+    verdict, _, _ = status.protection(None, [read])
+    assert verdict == status.NOT_AFFECTED

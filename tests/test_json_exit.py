@@ -111,10 +111,9 @@ def test_check_with_no_capture_cannot_judge(without_rocm_backends):
     proc = warm.python(["-m", "vllm_capture_guard", "check", "--json"], env)
     found = _holds(proc)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    if "checks" in found:  # the checks ran: each ROCm row is named, not passed
-        assert found["backends"] == {}, found["backends"]
-        said = " ".join(found["not_checked"])
-        assert "ROCM_ATTN (" in said and "stand-in" in said, said
+    assert found["backends"] == {}, found["backends"]  # no capture ran
+    said = " ".join(found["not_checked"])
+    assert "ROCM_ATTN (" in said and "stand-in" in said, said
     text = warm.python(["-m", "vllm_capture_guard", "check"], env)
     assert text.returncode == 2
     assert "verdict: capture gets past" not in text.stdout
@@ -126,18 +125,28 @@ def test_check_with_no_capture_cannot_judge(without_rocm_backends):
 
 @pytest.mark.parametrize(
     ("backend", "mode"),
-    [("TRITON_ATTN", "off"), ("ROCM_ATTN", "off"), ("CUSTOM", "off"), ("NOPE", None)],
+    [
+        ("TRITON_ATTN", "off"),
+        ("ROCM_ATTN", "off"),
+        ("FLASHINFER", "off"),
+        ("CUSTOM", "off"),
+        ("NOPE", None),
+    ],
 )
 def test_audit_json_exit(backend, mode):
     """TRITON_ATTN: clean; ROCM_ATTN unguarded: a hazard where the release
-    zeroes the host offsets; CUSTOM: a placeholder slot, nothing built;
-    NOPE: no such backend, the audit could not run."""
+    zeroes the host offsets; FLASHINFER: built, but its capture needs a CUDA
+    device; CUSTOM: a placeholder slot, nothing built; NOPE: no such
+    backend, the audit could not run."""
     proc = run_cli("audit", "--json", "--backend", backend, VLLM_CAPTURE_GUARD=mode)
     found = _holds(proc)
-    if backend in ("CUSTOM", "NOPE"):
+    if backend in ("FLASHINFER", "CUSTOM", "NOPE"):  # no capture ran: no verdict
         assert found["exit"] == 2, found
+        assert found.get("captured", 0) == 0, found
     if backend == "TRITON_ATTN":
         assert found["exit"] == 0, found.get("error")
+    if backend == "ROCM_ATTN" and found["cpu_writers"]:
+        assert found["exit"] == 1, found
 
 
 # --- patch --check --------------------------------------------------------------

@@ -43,6 +43,7 @@ from vllm_capture_guard.tools.verdict import (  # noqa: F401 (check's API)
     INDEXER_CRASH,
     SHOWS,
     Judgement,
+    cannot_judge_reason,
     exit_code,
     judge,
     not_judged,
@@ -220,7 +221,7 @@ def _run_v1(
                 ("attention", harness.attention_builder(backend, config)),
                 ("indexer", harness.indexer_builder(config)),
             ]
-        except Exception as e:  # e.g. a backend module that needs a GPU to import
+        except Exception as e:  # e.g. a dependency of vLLM that is missing here
             unavailable[backend] = harness.error_text(e)
             continue
 
@@ -380,7 +381,8 @@ def main(as_json: bool = False, trace: bool = False) -> int:
     result.guard = None if done is None else done.message
     result.guard_line = finish(told).line()
     result.guard_warnings = tool_warnings(told)
-    code = exit_code(judge(result))
+    judgements = judge(result)
+    code = exit_code(judgements)
     result.ok = code == 0
     warn(result.guard_warnings)
     if as_json:
@@ -391,9 +393,6 @@ def main(as_json: bool = False, trace: bool = False) -> int:
     else:
         print("\n".join(verdict_lines(result)))
         if code == CANNOT_JUDGE:  # every exit 2 says why on stderr
-            missing = "; ".join(not_judged(judge(result))) or "no check ran"
-            print(
-                f"{PREFIX} check cannot judge: not checked here: {missing}",
-                file=sys.stderr,
-            )
+            reason = cannot_judge_reason(judgements)
+            print(f"{PREFIX} check {reason}", file=sys.stderr)
     return code

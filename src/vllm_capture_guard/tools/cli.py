@@ -180,6 +180,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     args.json = args.json or getattr(args, "trace", False)
+    try:
+        return _run(args)
+    except Exception as e:  # a bug of ours: exit 2 with its reason, never 1
+        name = "patch --check" if args.command == "patch" else args.command
+        return could_not_run(name, one_line(e), args.json)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "patch":  # reads files only: no vLLM import
         from vllm_capture_guard.tools.tree import command as tree_command
 

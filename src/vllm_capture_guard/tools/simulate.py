@@ -192,11 +192,13 @@ def _unimplemented(platform: Any, name: str) -> bool:
 
 @contextlib.contextmanager
 def rocm_platform_answered(sim: Simulation | None = None) -> Iterator[Simulation]:
-    """The first answer above alone, until exit: ``vllm.platforms.rocm``
-    imported with its GPU architecture query answered, where torch sees no
-    GPU. ``check`` and ``status`` import the ROCm backends' modules under it
-    (0.33's AITER module imports that platform module) and need nothing else
-    of the simulated device."""
+    """The first answer above alone: while inside, ``vllm.platforms.rocm``
+    is imported with its GPU architecture query answered, where torch sees
+    no GPU. ``check`` and ``status`` import the ROCm backends' modules under
+    it (0.33's AITER module imports that platform module) and need nothing
+    else of the simulated device. The module imported so stays imported,
+    with what it derived from the answer, for the rest of the process (a
+    command's own process)."""
     sim = sim or Simulation()
     if not _no_gpu():
         yield sim

@@ -49,8 +49,8 @@ class Reading:
     where: str
     needed: bool | None  # None: could not be read, or not importable here
     why: str
-    #: False: the module does not import on this host (0.33's AITER module
-    #: asks the GPU at import), so nothing was read
+    #: False: the module does not import on this host (a dependency of vLLM
+    #: missing here), so nothing was read
     importable: bool = True
 
 

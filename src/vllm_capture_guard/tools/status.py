@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from typing import Any
 
 from vllm_capture_guard import __version__
@@ -126,8 +127,8 @@ def _shell() -> str:
 
 
 #: The verdicts, and the exit code of each.
-YES, NO, NOT_AFFECTED, CANNOT_JUDGE = "yes", "no", "not affected", "cannot judge"
-EXIT = {YES: 0, NOT_AFFECTED: 0, NO: 1, CANNOT_JUDGE: 2}
+YES, NO, NOT_AFFECTED, UNKNOWN = "yes", "no", "not affected", "cannot judge"
+EXIT = {YES: 0, NOT_AFFECTED: 0, NO: 1, UNKNOWN: 2}
 
 
 def _unread(found: list[Need], installed: set[str]) -> list[str]:
@@ -152,11 +153,11 @@ def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
     from vllm_capture_guard.tools.guard import load_plugins_as_worker
 
     wanted = [n for n in found if n.affects]
-    if not wanted:
+    if not wanted:  # the plugins are not loaded here: nothing is installed
         unread = _unread(found, set())
         if unread:
             return (
-                CANNOT_JUDGE,
+                UNKNOWN,
                 "this vLLM's source, as far as it was read, needs none of the "
                 f"fixes; not read on this host: {'; '.join(unread)}",
                 False,
@@ -193,7 +194,7 @@ def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
     unread = _unread(found, installed)
     if unread:
         why += f"; not read on this host, and not installed here: {'; '.join(unread)}"
-        return CANNOT_JUDGE, why, simulated
+        return UNKNOWN, why, simulated
     return YES, why, simulated
 
 
@@ -212,7 +213,7 @@ def facts() -> dict[str, Any]:
     done = report()
     outcomes = {} if done is None else done.outcomes
     unsupported = support.problem()
-    return {
+    out = {
         "ok": True,
         "guard_version": __version__,
         "vllm": vllm_version(),
@@ -244,8 +245,11 @@ def facts() -> dict[str, Any]:
         "simulated": simulated,
         "warnings": warnings(told),
         "exit": EXIT[verdict],
-        "cannot_judge": verdict == CANNOT_JUDGE,
+        "cannot_judge": verdict == UNKNOWN,
     }
+    if verdict == UNKNOWN:  # the reason, as every exit 2 gives one
+        out["error"] = f"cannot judge: {why}"
+    return out
 
 
 def lines(found: dict[str, Any]) -> list[str]:
@@ -274,7 +278,8 @@ def lines(found: dict[str, Any]) -> list[str]:
 
 def main(as_json: bool = False) -> int:
     """``vllm-capture-guard status``: 0 protected or not affected, 1 affected
-    and not protected, 2 could not run."""
+    and not protected, 2 cannot judge or could not run."""
+    from vllm_capture_guard.runtime.plugin import PREFIX
     from vllm_capture_guard.tools.failure import could_not_run, one_line, warn
 
     try:
@@ -286,4 +291,6 @@ def main(as_json: bool = False) -> int:
         print(json.dumps(found, indent=2))
     else:
         print("\n".join(lines(found)))
+        if found["cannot_judge"]:  # every exit 2 says why on stderr
+            print(f"{PREFIX} status {found['error']}", file=sys.stderr)
     return found["exit"]

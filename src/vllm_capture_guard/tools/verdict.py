@@ -9,6 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from vllm_capture_guard.tools import fixes, harness
+from vllm_capture_guard.tools.failure import CANNOT_JUDGE
 from vllm_capture_guard.tools.harness.streams import CRASH as STREAM_CRASH
 
 if TYPE_CHECKING:
@@ -194,10 +195,10 @@ def judge(result: SeedResult) -> list[Judgement]:
         runs = by_backend.get(backend)
         if runs:
             found.append(_indexer(backend, runs, unit, _total(result, runs)))
-        elif backend in result.unavailable:
+        else:  # could not be made here, or the runner captured nothing with it
             name = f"MiniMax-M3 indexer after {backend}"
             fix = _patch("rocm-attn-cpu-offsets")
-            why = result.unavailable[backend]
+            why = result.unavailable.get(backend, "no capture ran")
             found.append(Judgement(name, fix.name, fix.pr, None, 0, 0, unit, note=why))
     for backend in fixes.backends(_patch("rocm-aiter-unified-builder")):
         if runs := by_backend.get(backend):
@@ -217,8 +218,8 @@ def not_judged(judgements: list[Judgement]) -> list[str]:
     return [text for j in judgements if (text := j.unjudged())]
 
 
-#: ``check``'s exit codes.
-PASS, FAILS, CANNOT_JUDGE = 0, 1, 2
+#: ``check``'s exit codes (2, :data:`.failure.CANNOT_JUDGE`, as every command's).
+PASS, FAILS = 0, 1
 
 
 def exit_code(judgements: list[Judgement]) -> int:
@@ -236,10 +237,13 @@ ALL_CLEAR = (
 )
 
 
-def _cannot_judge(judgements: list[Judgement]) -> str:
+def cannot_judge_reason(judgements: list[Judgement]) -> str:
+    """Why check cannot judge, in one line: its verdict after "verdict: ",
+    its line on stderr after "vllm-capture-guard check ", and its JSON's
+    ``error``."""
     missing = not_judged(judgements) or ["no check ran"]
     return (
-        "verdict: cannot judge: not checked here: " + "; ".join(missing) + "; check "
+        "cannot judge: not checked here: " + "; ".join(missing) + "; check "
         "passes only where every check runs (the failures these checks look for "
         "may still happen)"
     )
@@ -248,7 +252,9 @@ def _cannot_judge(judgements: list[Judgement]) -> str:
 def _verdict(judgements: list[Judgement]) -> str:
     failed = [j for j in judgements if j.ok is False]
     if not failed:
-        return ALL_CLEAR if passed(judgements) else _cannot_judge(judgements)
+        if passed(judgements):
+            return ALL_CLEAR
+        return "verdict: " + cannot_judge_reason(judgements)
     crashes = []
     for j in failed:
         if j.fix != "rocm-attn-cpu-offsets" or j.kind != "start-up":
@@ -356,5 +362,5 @@ def summary(result: SeedResult) -> dict[str, Any]:
         "does_not_show": DOES_NOT_SHOW,
     }
     if code == CANNOT_JUDGE:
-        out["error"] = _cannot_judge(judgements).removeprefix("verdict: ")
+        out["error"] = cannot_judge_reason(judgements)
     return out

@@ -101,15 +101,13 @@ def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
     except Exception as e:
         return could_not_run("audit", error_text(e), as_json)
     from vllm_capture_guard.runtime.plugin import PREFIX
+    from vllm_capture_guard.tools.audit.render import no_verdict
     from vllm_capture_guard.tools.failure import CANNOT_JUDGE, warn
 
     warn(result.guard_warnings)
-    nothing_built = (
-        f"none of the {result.registered} backends asked for can be built on "
-        "this machine (see skipped)"
-    )
+    why = no_verdict(result)
     code = 1 if result.cpu_writers else 0
-    if not result.built:  # nothing was audited: no verdict either way
+    if why:  # no capture ran: no verdict either way
         code = CANNOT_JUDGE
     if as_json:
         from vllm_capture_guard.tools.audit.schema import to_json
@@ -117,13 +115,13 @@ def main(as_json: bool = False, backends: Sequence[str] | None = None) -> int:
         out = to_json(result)
         out["exit"] = code
         out["cannot_judge"] = code == CANNOT_JUDGE
-        if code == CANNOT_JUDGE:
-            out["error"] = nothing_built
+        if why:
+            out["error"] = f"cannot judge: {why}"
         print(json.dumps(out, indent=2))
     else:
         from vllm_capture_guard.tools.audit.render import print_report
 
         print_report(result)
-    if code == CANNOT_JUDGE:
-        print(f"{PREFIX} audit could not run: {nothing_built}", file=sys.stderr)
+    if why:
+        print(f"{PREFIX} audit cannot judge: {why}", file=sys.stderr)
     return code

@@ -74,14 +74,31 @@ def batches_line(result: AuditResult) -> str:
     return text
 
 
+def no_verdict(result: AuditResult) -> str | None:
+    """Why the audit has no verdict (no backend asked for ran its capture
+    here), in one line; None where one did."""
+    if result.captured:
+        return None
+    if not result.built:
+        return (
+            f"none of the {result.registered} backends asked for can be built on "
+            "this machine (see skipped)"
+        )
+    return (
+        f"none of the {result.built} backends built here could run its capture "
+        "(see the lines above)"
+    )
+
+
 def verdict_line(result: AuditResult) -> str:
     by = {b.name: b for b in result.backends}
     if result.cpu_writers:
         return "FAIL: capture writes shared CPU metadata: " + "; ".join(
             f"{n} ({', '.join(by[n].cpu_writes)})" for n in result.cpu_writers
         )
-    if not result.built:
-        return "CANNOT JUDGE: no backend asked for could be built here (see skipped)"
+    why = no_verdict(result)
+    if why:
+        return f"CANNOT JUDGE: {why}"
     unchecked = result.registered - result.captured
     text = "OK: no built backend's capture writes shared CPU metadata"
     if unchecked:
