@@ -82,14 +82,14 @@ class Clock:
     capture's own, on the calling thread."""
 
     def __init__(self) -> None:
-        from vllm_capture_guard.runtime.guard import install as g
+        from vllm_capture_guard.runtime.guard import guarded_call as g
 
         self.guard = self.capture = 0.0
         self.calls = 0
-        guarded_call, clock = g.guarded_call, time.thread_time
+        guarded_call, clock = g.run, time.thread_time
 
         def call(capture, owner, metadata, *args, **kwargs):  # noqa: ANN001, ANN202
-            if id(metadata) in getattr(g._state, "active", ()):  # nested: not again
+            if id(metadata) in getattr(g._thread, "active", ()):  # nested: not again
                 return guarded_call(capture, owner, metadata, *args, **kwargs)
             inner = []
 
@@ -109,7 +109,7 @@ class Clock:
                 self.capture += sum(inner)
                 self.guard += total - sum(inner)
 
-        g.guarded_call = call
+        g.run = call
 
     def reset(self) -> None:
         self.guard = self.capture = 0.0
@@ -139,7 +139,7 @@ def start_ups(clock: Clock) -> tuple[list, list]:
 
 def hot_path_identity() -> list[tuple[str, bool]]:
     """``build`` of each ROCm backend's builder: vLLM's own function?"""
-    from vllm_capture_guard.runtime.base import original_of
+    from vllm_capture_guard.runtime.patching import original_of
     from vllm_capture_guard.tools import harness as sc
 
     found = []

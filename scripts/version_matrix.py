@@ -83,7 +83,8 @@ def facts() -> dict:
     """What the guard finds and does on the vLLM of this interpreter."""
     import vllm.plugins
 
-    from vllm_capture_guard.runtime import guard, plugin, switch
+    from vllm_capture_guard.runtime import plugin, switch
+    from vllm_capture_guard.runtime.guard import guarded_call
     from vllm_capture_guard.runtime.patches import PATCHES
     from vllm_capture_guard.tools import harness, static
     from vllm_capture_guard.tools.check import run_seed
@@ -110,7 +111,7 @@ def facts() -> dict:
         "outcomes": {
             name: [o.status.value, o.detail] for name, o in report.outcomes.items()
         },
-        "wrote": {name: dict(seen["wrote"]) for name, seen in guard.SEEN.items()},
+        "wrote": {name: dict(seen.wrote) for name, seen in guarded_call.SEEN.items()},
         "guarded": guarded,
         "in_tree": _in_tree_facts(),
     }

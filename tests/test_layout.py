@@ -80,7 +80,7 @@ def test_no_source_file_is_longer_than_one_reader_holds():
 
 #: What loads inside ``vllm serve``, as ruff formats it (``make lint`` checks
 #: the format): at most this many lines, none kept from ruff by ``fmt: skip``.
-RUNTIME_CEILING = 1250
+RUNTIME_CEILING = 1500
 
 
 def test_the_runtime_is_small_and_formatted_as_ruff_formats_it():

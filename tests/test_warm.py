@@ -93,7 +93,7 @@ pid = os.fork()
 if pid == 0:
     os.close(read)
     import vllm.v1.attention.backends.rocm_attn as m
-    from vllm_capture_guard.runtime.base import is_guarded
+    from vllm_capture_guard.runtime.patching import is_guarded
     from vllm_capture_guard.runtime.plugin import report
     vllm.plugins.load_general_plugins()  # a worker calls it again: nothing new
     capture = m.RocmAttentionMetadataBuilder.build_for_cudagraph_capture

@@ -153,7 +153,7 @@ def run(
     copy, as the runner gives it), guarded or not; with ``inside_graph``,
     inside an active CUDA graph capture, whose graph is returned; ``view``:
     see :func:`_shared`."""
-    from vllm_capture_guard.runtime.base import is_guarded, original_of
+    from vllm_capture_guard.runtime.patching import is_guarded, original_of
 
     own = type(made).__dict__[METHOD]
     assert is_guarded(own), "the guard does not watch this builder class"

@@ -30,7 +30,7 @@ def mutation():
     follow, wait = copies.follow, copies.wait
 
     def always_wait(watch):  # noqa: ANN001, ANN202
-        watch.blind = watch.blind or f"{MUTATE_ENV}={name}"
+        watch.unfollowed = watch.unfollowed or f"{MUTATE_ENV}={name}"
         return wait(watch)
 
     if name == "unfollowed":

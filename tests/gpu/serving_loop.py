@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     args = arguments(__doc__).parse_args(argv)
     held = loaded(args)
 
-    from vllm_capture_guard.runtime.base import is_guarded
+    from vllm_capture_guard.runtime.patching import is_guarded
     from vllm_capture_guard.tools import harness as sc
 
     on = args.guard == "on"

@@ -81,7 +81,7 @@ class Rank(Loop):
 
 
 def _serving(args: argparse.Namespace, out: dict) -> None:
-    from vllm_capture_guard.runtime.base import is_guarded
+    from vllm_capture_guard.runtime.patching import is_guarded
 
     cycles = _cycles_for(args.forward_ms)
     for backend in BACKENDS:

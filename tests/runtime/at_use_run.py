@@ -199,7 +199,7 @@ def _run_case(runner: str, case: str, log: _Lines, undo: list) -> dict:
         register_backend,
     )
 
-    from vllm_capture_guard.runtime import guard
+    from vllm_capture_guard.runtime.guard import guarded_call as guard
 
     spec = CASES[case]
     module = __import__(MODULE)
@@ -208,7 +208,7 @@ def _run_case(runner: str, case: str, log: _Lines, undo: list) -> dict:
     register_backend(AttentionBackendEnum.CUSTOM, f"{MODULE}.{backend.__name__}")
     affected = getattr(module, f"{builder.__name__}Affected").__dict__[vv.CAPTURE]
     start = len(log.lines)
-    before = {n: s["calls"] for n, s in guard.SEEN.items()}
+    before = {n: s.calls for n, s in guard.SEEN.items()}
     made, start_up = _start(runner, case, backend, undo)
 
     def between(step: str) -> None:
@@ -240,7 +240,7 @@ def _run_case(runner: str, case: str, log: _Lines, undo: list) -> dict:
         "reached": getattr(done, "reached", None),
         "builders": sorted(builders),
         "calls": {
-            n: s["calls"] - before.get(n, 0)
+            n: s.calls - before.get(n, 0)
             for n, s in guard.SEEN.items()
             if n in builders
         },

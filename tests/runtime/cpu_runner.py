@@ -273,6 +273,8 @@ if __name__ == "__main__":  # a smoke run: python -m tests.runtime.cpu_runner
     cfg = make_config(backend)
     r = make_runner(cfg, harness.backend_class(backend))
     print(json.dumps([dataclasses.asdict(s) for s in start_up(r)]))
-    from vllm_capture_guard.runtime import guard as g
+    import dataclasses
 
-    print(json.dumps(g.SEEN))
+    from vllm_capture_guard.runtime.guard import guarded_call as g
+
+    print(json.dumps({n: dataclasses.asdict(s) for n, s in g.SEEN.items()}))

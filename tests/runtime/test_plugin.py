@@ -12,9 +12,9 @@ import threading
 import pytest
 
 from tests.conftest import guard_lines, run_snippet
-from vllm_capture_guard.runtime import base, plugin, switch
+from vllm_capture_guard.runtime import logs, patching, plugin, switch
 from vllm_capture_guard.runtime import patches as patches_pkg
-from vllm_capture_guard.runtime.base import original_of
+from vllm_capture_guard.runtime.patching import original_of
 from vllm_capture_guard.tools.fixes import by_name
 from vllm_capture_guard.tools.revert import clear_hooks, revert
 
@@ -108,7 +108,7 @@ def fresh_plugin(monkeypatch, caplog):
     """register() as in a new process, logging to a test logger."""
     monkeypatch.setattr(plugin, "_report", None)
     monkeypatch.setenv(switch.ENV, "on")
-    monkeypatch.setattr(base, "LOG", logging.getLogger("cg-test"))
+    monkeypatch.setattr(logs, "LOG", logging.getLogger("cg-test"))
     caplog.set_level(logging.INFO, logger="cg-test")
     yield caplog
     clear_hooks()
@@ -142,7 +142,7 @@ def test_four_threads_register_one_layer(fresh_plugin, unpatched):
 # --- our own failure handling: fakes allowed here ---------------------------
 
 
-class _Boom(base.Patch):
+class _Boom(patching.Patch):
     name = "boom"
     pr = "#0"
     modules = ("vllm.v1.attention.backends.rocm_attn",)
@@ -240,7 +240,7 @@ def test_unknown_name_in_disable_warns_with_the_patches(
 FACTORY = """
 import json
 import vllm.plugins
-from vllm_capture_guard.runtime.base import is_guarded
+from vllm_capture_guard.runtime.patching import is_guarded
 vllm.plugins.load_general_plugins()
 import vllm.v1.worker.utils as utils
 make = vars(utils.AttentionGroup)["create_metadata_builders"]
@@ -275,9 +275,9 @@ def test_a_worker_utils_without_the_factory_warns_once(
 def test_a_new_warning_is_logged_whatever_the_status(monkeypatch, fresh_plugin):
     """An outcome that says nothing new but brings a new WARNING (as a site
     module imported after the first one can) is still logged."""
-    from vllm_capture_guard.runtime.base import Outcome, Status
+    from vllm_capture_guard.runtime.patching import Outcome, Status
 
-    class Twice(base.Patch):
+    class Twice(patching.Patch):
         name, pr, modules = "twice", "#0", ("vllm.v1.attention.backends.rocm_attn",)
         done = []
 

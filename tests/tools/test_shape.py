@@ -11,7 +11,7 @@ import textwrap
 import pytest
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
-from vllm_capture_guard.runtime.base import original_of
+from vllm_capture_guard.runtime.patching import original_of
 from vllm_capture_guard.tools.shape import fixed_shape, is_host_field
 
 METHOD = "build_for_cudagraph_capture"

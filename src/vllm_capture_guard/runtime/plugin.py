@@ -6,13 +6,16 @@ and sets post-import hooks; each patch applies when vLLM imports what it changes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import logging
 
-from vllm_capture_guard.runtime import base, hooks, switch
+from vllm_capture_guard.runtime import hooks, logs, patching, switch
 
-PREFIX = "vllm-capture-guard"
-PATCHES = "vllm_capture_guard.runtime.patches"  # imported only once the plugin acts
+PREFIX = logs.PREFIX
+
+#: The list of patches, imported only once the plugin acts.
+PATCHES_MODULE = "vllm_capture_guard.runtime.patches"
 
 
 @dataclasses.dataclass
@@ -25,7 +28,7 @@ class Report:  # what the plugin did in this process so far
 
 
 _report: Report | None = None
-_lock = base.LOCK
+_lock = patching.LOCK
 _warned: set[str] = set()
 
 
@@ -46,7 +49,7 @@ def vllm_version() -> str:
 
 
 def _summarise(report: Report) -> None:
-    s, found = base.Status, {o.status for o in report.outcomes.values()}
+    s, found = patching.Status, {o.status for o in report.outcomes.values()}
     if report.failures or s.FAILED in found:
         report.action = "failed"
     elif s.INCOMPLETE in found:
@@ -72,8 +75,8 @@ def _fail(log: logging.Logger, what: str, error: BaseException) -> None:
 
 def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
     """Apply every patch to what vLLM has imported; log what is new."""
-    log, s = log or base.LOG, base.Status
-    for patch in importlib.import_module(PATCHES).PATCHES:
+    log, s = log or logs.LOG, patching.Status
+    for patch in importlib.import_module(PATCHES_MODULE).PATCHES:
         with _lock:
             if patch.reverted or _report is None:
                 continue
@@ -90,11 +93,20 @@ def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
                 _report.outcomes[patch.name] = outcome
                 _summarise(_report)
             warn = bool(outcome.warning) and outcome.warning not in _warned
-            _warned.add(outcome.warning or "")
+            if warn:
+                _warned.add(outcome.warning)
         if warn:  # a new warning is logged, whatever the status
             log.warning(f"{PREFIX}: {patch.name}: {outcome.warning}{when}")
         elif new:
             log.info(f"{PREFIX}: {outcome} on vLLM {vllm_version()}{when}")
+
+
+def _apply_on_import(log: logging.Logger, _module: object) -> None:
+    apply_all(log)
+
+
+def _hook_failed(log: logging.Logger, name: str, error: BaseException) -> None:
+    _fail(log, f"hook for {name}", error)
 
 
 def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
@@ -105,16 +117,17 @@ def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
         if not is_rocm:
             why = f"platform is {name}, not ROCm (set {switch.ENV}=on to act anyway)"
             return Report("auto", "skipped", why)
-    patches = importlib.import_module(PATCHES)
+    patches = importlib.import_module(PATCHES_MODULE)
     if unknown := patches.unknown_disabled():
         log.warning(f"{PREFIX}: {unknown}")
     global _report
     _report = Report(mode.value, "armed", "waiting for vLLM to import what it fixes")
     for patch in patches.PATCHES:
         patch.reverted = False  # armed now: a revert() from before does not count
-    on_error = lambda name, e: _fail(log, f"hook for {name}", e)  # noqa: E731
+    apply_on_import = functools.partial(_apply_on_import, log)
+    on_error = functools.partial(_hook_failed, log)
     for name in sorted({m for p in patches.PATCHES for m in p.modules}):
-        hooks.when_imported(name, lambda _m: apply_all(log), on_error)
+        hooks.when_imported(name, apply_on_import, on_error)
     return _report
 
 
@@ -124,7 +137,7 @@ def register() -> None:
     with _lock:
         if _report is not None:  # loaded twice in one process: nothing more
             return
-        log = base.LOG
+        log = logs.LOG
         try:
             mode, problem = switch.read_mode()
             if problem:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_capture_guard.runtime.guard import is_host_field
+from vllm_capture_guard.runtime.guard.metadata import is_host_field
 
 
 class Choice(str, enum.Enum):

@@ -16,17 +16,17 @@ from collections.abc import Iterator
 
 #: phase -> (the guard's module, its function for that phase)
 PHASES = {
-    "save": ("keep", "save"),
+    "save": ("restore", "save"),
     "wait": ("copies", "wait"),
-    "compare": ("keep", "changed"),
-    "put_back": ("keep", "put_back"),
+    "compare": ("restore", "changed"),
+    "put_back": ("restore", "restore"),
 }
 
 
 def _module(name: str):  # noqa: ANN202
-    from vllm_capture_guard.runtime.guard import copies, keep
+    from vllm_capture_guard.runtime.guard import copies, restore
 
-    return {"copies": copies, "keep": keep}[name]
+    return {"copies": copies, "restore": restore}[name]
 
 
 @contextlib.contextmanager

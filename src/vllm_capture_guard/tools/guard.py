@@ -48,7 +48,7 @@ def inspect(patch: Any) -> Any:
     installs anything)."""
     import importlib
 
-    from vllm_capture_guard.runtime.base import LOCK, Outcome, Status
+    from vllm_capture_guard.runtime.patching import LOCK, Outcome, Status
 
     try:
         importlib.import_module(patch.modules[0])

@@ -10,40 +10,35 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from vllm_capture_guard.runtime import base, hooks
+from vllm_capture_guard.runtime import hooks, patching
 from vllm_capture_guard.runtime.guard import install as rocm
 from vllm_capture_guard.runtime.patches import graph_capture_stream as stream
 from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as aiter
 
 
-def revert(patch: base.Patch) -> bool:
+def revert(patch: patching.Patch) -> bool:
     """Undo ``patch.apply()``; True if there was something to undo."""
-    with base.LOCK:
+    with patching.LOCK:
         patch.reverted = True
         return _UNDO[patch.name]()
 
 
 def pending_hooks() -> list[str]:
     """The module names the runtime's import hooks still wait for."""
-    with hooks._lock:
-        return sorted(hooks._pending)
+    return hooks.waiting_for()
 
 
 def clear_hooks() -> None:
     """Forget every pending hook and take the finder off ``sys.meta_path``."""
-    with hooks._lock:
-        hooks._pending.clear()
-        hooks._deferred.clear()
-        if hooks._finder in sys.meta_path:
-            sys.meta_path.remove(hooks._finder)
+    hooks.stop_watching()
 
 
 def unwrap_method(cls: type, name: str) -> bool:
     """Undo ``patches.wrap_method``; True if there was a wrapper to remove."""
     current = cls.__dict__.get(name)
-    if current is None or not base.is_guarded(current):
+    if current is None or not patching.is_guarded(current):
         return False
-    _put(cls, name, getattr(getattr(current, "__func__", current), base.MARKER))
+    _put(cls, name, getattr(getattr(current, "__func__", current), patching.MARKER))
     return True
 
 
@@ -60,8 +55,8 @@ def _builder_guard() -> bool:
     done = isinstance(group, type) and unwrap_method(group, rocm.MAKE)
     root = getattr(sys.modules.get(rocm.BASE), rocm.BUILDER, None)
     watching = vars(root).get("__init_subclass__") if isinstance(root, type) else None
-    if base.is_guarded(watching):
-        _put(root, "__init_subclass__", getattr(watching.__func__, base.MARKER))
+    if patching.is_guarded(watching):
+        _put(root, "__init_subclass__", getattr(watching.__func__, patching.MARKER))
         done = True
     classes = reversed(rocm.builder_classes())
     return any([unwrap_method(c, rocm.METHOD) for c in classes]) or done
@@ -71,23 +66,25 @@ def _aiter_builder() -> bool:
     undone = False
     for backend in aiter.backends():
         current = vars(backend).get(aiter.GETTER)
-        if not base.is_guarded(current):
+        if not patching.is_guarded(current):
             continue
-        _put(backend, aiter.GETTER, getattr(current.__func__, base.MARKER))
-        name, home = aiter._name(backend), sys.modules[backend.__module__]
+        _put(backend, aiter.GETTER, getattr(current.__func__, patching.MARKER))
+        name, home = aiter.builder_name(backend), sys.modules[backend.__module__]
         if name == aiter.BUILDER:  # vLLM's own binding back (0.29.0 on), or none
-            _put(home, name, aiter._SAVED.pop(home.__name__, None))
+            _put(home, name, aiter.REPLACED_BINDINGS.pop(home.__name__, None))
         vars(aiter).pop(name, None)
         undone = True
     return undone
 
 
 def _capture_stream() -> bool:
-    found = [(c, n, c.__dict__[n]) for _, c, n in stream._loaded()]
-    for cls, name, fn in found:
-        if base.is_guarded(fn):
-            setattr(cls, name, getattr(fn, base.MARKER))
-    return any(base.is_guarded(fn) for _, _, fn in found)
+    undone = False
+    for _where, cls, name in stream.loaded_sites():
+        function = cls.__dict__[name]
+        if patching.is_guarded(function):
+            setattr(cls, name, getattr(function, patching.MARKER))
+            undone = True
+    return undone
 
 
 _UNDO = {

@@ -26,7 +26,7 @@ import textwrap
 import types
 from collections.abc import Callable
 
-from vllm_capture_guard.runtime.guard import HOST_NAMES, is_host_field
+from vllm_capture_guard.runtime.guard.metadata import HOST_NAMES, is_host_field
 
 __all__ = ["HOST_NAMES", "fixed_shape", "is_host_field"]
 

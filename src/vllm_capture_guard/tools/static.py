@@ -26,9 +26,9 @@ import inspect
 import textwrap
 from typing import Any
 
-from vllm_capture_guard.runtime.base import original_of
 from vllm_capture_guard.runtime.patches import graph_capture_stream as stream
 from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as aiter
+from vllm_capture_guard.runtime.patching import original_of
 from vllm_capture_guard.tools.failure import one_line
 from vllm_capture_guard.tools.shape import fixed_shape, is_host_field
 from vllm_capture_guard.tools.support import module_exists

@@ -146,7 +146,7 @@ def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
     see whether every needed fix comes out installed. A fix whose code could
     not be read here, and that the guard does not install, leaves the
     verdict "cannot judge": neither "not affected" nor "yes" is known."""
-    from vllm_capture_guard.runtime.base import Status
+    from vllm_capture_guard.runtime.patching import Status
 
     fixed = {Status.PATCHED, Status.ALREADY, Status.NOT_NEEDED}  # as upstream's
     from vllm_capture_guard.runtime.plugin import report

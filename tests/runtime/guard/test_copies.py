@@ -17,8 +17,7 @@ import pytest
 import torch
 
 from tests.fake_device import DeviceTensor, on_device
-from vllm_capture_guard.runtime import guard
-from vllm_capture_guard.runtime.guard import copies, install, keep
+from vllm_capture_guard.runtime.guard import copies, guarded_call, restore
 from vllm_capture_guard.tools import harness
 
 
@@ -31,16 +30,17 @@ def _waiting(monkeypatch, wait, mark=None) -> list:  # noqa: ANN001
     """``save`` as it is, but saying there are copies to wait for (as on a GPU
     where a capture queued one on pinned host memory), or ``mark``; the wait
     replaced, and no copies followed (the GPU tier follows real ones)."""
-    save, order = keep.save, []
+    save, order = restore.save, []
     if mark is None:
         mark = copies.Watch("cuda:0")
-        mark.blind = "a copy it cannot see"
+        mark.unfollowed = "a copy it cannot see"
 
     def waiting_save(metadata):  # noqa: ANN001, ANN202
-        saved, failed, _, size = save(metadata)
-        return saved, failed, mark, size
+        saved = save(metadata)
+        saved.watch = mark
+        return saved
 
-    monkeypatch.setattr(keep, "save", waiting_save)
+    monkeypatch.setattr(restore, "save", waiting_save)
     monkeypatch.setattr(copies, "follow", lambda watch: None)
     monkeypatch.setattr(copies, "wait", lambda watch: wait(watch.device, order))
     return order
@@ -67,10 +67,10 @@ def test_the_host_values_are_told_after_the_wait(monkeypatch):
         shared.query_start_loc_cpu.zero_()
 
     order = _waiting(monkeypatch, late_copy)
-    install.guarded_call(lambda m: None, "LateCopy", shared)
+    guarded_call.run(lambda m: None, "LateCopy", shared)
     assert order == ["cuda:0"]
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
-    assert guard.SEEN["LateCopy"]["wrote"] == {"query_start_loc_cpu": 4}
+    assert guarded_call.SEEN["LateCopy"].wrote == {"query_start_loc_cpu": 4}
 
 
 def test_a_device_error_at_the_wait_reaches_vllm_after_the_put_back(monkeypatch):
@@ -80,7 +80,7 @@ def test_a_device_error_at_the_wait_reaches_vllm_after_the_put_back(monkeypatch)
     _waiting(monkeypatch, _device_fault)
     shared = harness.shared_metadata(harness.Batch(2))
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        install.guarded_call(_zeroes, "Faults", shared)
+        guarded_call.run(_zeroes, "Faults", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
 
 
@@ -93,7 +93,7 @@ def test_a_capture_that_raises_keeps_its_own_error(monkeypatch):
         raise ValueError("the capture's own")
 
     with pytest.raises(ValueError, match="the capture's own"):
-        install.guarded_call(capture, "RaisesToo", shared)
+        guarded_call.run(capture, "RaisesToo", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
 
 
@@ -116,7 +116,7 @@ def test_the_guards_own_failure_to_wait_is_one_warning(monkeypatch, caplog, erro
     shared = harness.shared_metadata(harness.Batch(2))
     owner = f"CannotWait{type(error).__name__}{len(str(error))}"
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        assert install.guarded_call(_zeroes, owner, shared) == "built"
+        assert guarded_call.run(_zeroes, owner, shared) == "built"
     said = [r.getMessage() for r in caplog.records if _ours_warned(r)]
     assert len(said) == 1 and f"could not wait for {owner}'s capture" in said[0], said
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
@@ -134,8 +134,8 @@ def test_inside_a_stream_capture_it_puts_back_at_once_with_one_warning(
     _waiting(monkeypatch, never, mark=copies.CAPTURING)
     shared = harness.shared_metadata(harness.Batch(2))
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        install.guarded_call(_zeroes, "InsideAGraph", shared)
-        install.guarded_call(_zeroes, "InsideAGraph", shared)
+        guarded_call.run(_zeroes, "InsideAGraph", shared)
+        guarded_call.run(_zeroes, "InsideAGraph", shared)
     said = [r.getMessage() for r in caplog.records if _ours_warned(r)]
     assert len(said) == 1 and "inside an active stream capture" in said[0], said
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(2).offsets()
@@ -179,7 +179,7 @@ def test_the_wait_runs_relaxed_and_gives_the_mode_back(monkeypatch, exchanged):
         return exchanged
 
     watch = copies.Watch(torch.device("cuda", 3))
-    watch.blind = "a copy it cannot see"
+    watch.unfollowed = "a copy it cannot see"
     fake = type("FakeTorch", (), {"cuda": _FakeCuda(calls)})()
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.setattr(copies, "_exchange", lambda: exchange)
@@ -195,13 +195,13 @@ def test_pinned_is_told_by_torch_and_an_unreadable_array_waits_for_the_stream():
     assert copies._pinned(torch.zeros(3)) is False
     pageable = copies.Watch(torch.device("cuda", 0))
     pageable.add("array", np.zeros(3))  # an array: asked through torch
-    assert (pageable.ranges, pageable.blind) == ([], None)
+    assert (pageable.ranges, pageable.unfollowed) == ([], None)
     frozen = np.zeros(3)
     frozen.flags.writeable = False
     for name, value in (("frozen", frozen), ("objects", np.array([object()]))):
         watch = copies.Watch(torch.device("cuda", 0))
         watch.add(name, value)  # torch cannot tell: wait for the stream
-        assert watch.blind and watch.blind.startswith(name), watch.blind
+        assert watch.unfollowed and watch.unfollowed.startswith(name), watch.unfollowed
 
 
 def test_no_wait_where_nothing_is_on_a_gpu(monkeypatch):
@@ -210,10 +210,10 @@ def test_no_wait_where_nothing_is_on_a_gpu(monkeypatch):
     monkeypatch.setattr(copies, "wait", lambda watch: pytest.fail("waited"))
     monkeypatch.setattr(copies, "_mode", lambda: pytest.fail("followed"))
     shared = harness.shared_metadata(harness.Batch(2))
-    assert keep.save(shared)[2] is None
+    assert restore.save(shared).watch is None
     shared.query_start_loc = shared.query_start_loc.as_subclass(DeviceTensor)
-    assert keep.save(shared)[2] is None
-    install.guarded_call(lambda m: None, "NoWait", shared)
+    assert restore.save(shared).watch is None
+    guarded_call.run(lambda m: None, "NoWait", shared)
     assert not torch.cuda.is_initialized()
 
 
@@ -312,7 +312,10 @@ def test_a_copy_of_the_saved_bytes_is_followed(followed, call):
     buffer, host, dev, watch, recorded = followed
     with copies.follow(watch):
         call(buffer, host, dev)
-    assert recorded == ["cuda:0"] and watch.blind is None, (recorded, watch.blind)
+    assert recorded == ["cuda:0"] and watch.unfollowed is None, (
+        recorded,
+        watch.unfollowed,
+    )
 
 
 @pytest.mark.parametrize("call", NOT_FOLLOWED.values(), ids=NOT_FOLLOWED)
@@ -322,7 +325,7 @@ def test_what_queues_no_copy_on_the_saved_bytes_is_not_followed(followed, call):
     buffer, host, dev, watch, recorded = followed
     with copies.follow(watch):
         call(buffer, host, dev)
-    assert recorded == [] and watch.blind is None, (recorded, watch.blind)
+    assert recorded == [] and watch.unfollowed is None, (recorded, watch.unfollowed)
 
 
 @pytest.mark.parametrize("call", UNSEEN.values(), ids=UNSEEN)
@@ -332,7 +335,7 @@ def test_the_saved_bytes_handed_on_unseen_make_it_wait_for_the_stream(followed, 
     buffer, host, dev, watch, recorded = followed
     with copies.follow(watch):
         call(buffer, host, dev)
-    assert recorded == [] and watch.blind, watch.blind
+    assert recorded == [] and watch.unfollowed, watch.unfollowed
 
 
 def test_a_call_it_cannot_follow_makes_it_wait_for_the_stream(followed, monkeypatch):
@@ -344,7 +347,7 @@ def test_a_call_it_cannot_follow_makes_it_wait_for_the_stream(followed, monkeypa
     monkeypatch.setattr(watch, "hits", broken)
     with copies.follow(watch):
         assert dev[:9].copy_(host, non_blocking=True) is not None
-    assert "could not follow" in watch.blind and "no bounds" in watch.blind
+    assert "could not follow" in watch.unfollowed and "no bounds" in watch.unfollowed
 
 
 def test_bounds_are_the_bytes_a_value_lies_in(monkeypatch):
@@ -364,7 +367,7 @@ def test_bounds_are_the_bytes_a_value_lies_in(monkeypatch):
     watch.add("array", buffer.numpy()[3:7])  # an array: through torch
     watch.add("flipped", np.flip(buffer.numpy()))  # torch cannot read it
     assert watch.ranges == [(start + 12, start + 28)], watch.ranges
-    assert watch.blind and watch.blind.startswith("flipped"), watch.blind
+    assert watch.unfollowed and watch.unfollowed.startswith("flipped"), watch.unfollowed
 
 
 def _on_a_gpu(monkeypatch):  # noqa: ANN001, ANN202
@@ -390,10 +393,10 @@ def test_a_capture_that_queues_no_copy_there_waits_for_nothing(monkeypatch):
         metadata.query_start_loc.fill_(0)  # the device offsets (#25985)
         metadata.query_start_loc_cpu.fill_(0)  # 0.27/0.28's host write
 
-    install.guarded_call(capture, "NoCopy", shared)
+    guarded_call.run(capture, "NoCopy", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
     (watch,) = waits
-    assert watch.ranges and not watch.events and watch.blind is None
+    assert watch.ranges and not watch.events and watch.unfollowed is None
 
 
 def test_a_copy_there_is_waited_for_and_the_host_kept(monkeypatch):
@@ -403,10 +406,10 @@ def test_a_copy_there_is_waited_for_and_the_host_kept(monkeypatch):
         metadata.query_start_loc_cpu.zero_()
         metadata.query_start_loc.copy_(metadata.query_start_loc_cpu, True)
 
-    install.guarded_call(capture, "CopiesThere", shared)
+    guarded_call.run(capture, "CopiesThere", shared)
     (watch,) = waits
     assert list(watch.events) == [_Stream("cuda:0").cuda_stream], watch.events
-    assert watch.blind is None
+    assert watch.unfollowed is None
     assert shared.query_start_loc.tolist() == [0] * 5  # what it copied, zeros
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
 
@@ -420,9 +423,9 @@ def test_a_device_tensor_over_the_saved_memory_waits_for_the_stream(
     shared, waits = _on_a_gpu(monkeypatch)
     shared.__dict__["query_start_loc_view"] = on_device(shared.query_start_loc_cpu)
     with caplog.at_level(logging.INFO, logger="vllm.capture_guard"):
-        install.guarded_call(_zeroes, "HoldsAView", shared)
-        install.guarded_call(_zeroes, "HoldsAView", shared)
-    assert [w.blind for w in waits] == [
+        guarded_call.run(_zeroes, "HoldsAView", shared)
+        guarded_call.run(_zeroes, "HoldsAView", shared)
+    assert [w.unfollowed for w in waits] == [
         "query_start_loc_view, a device tensor over the saved memory"
     ] * 2
     said = [r.getMessage() for r in caplog.records if "cannot see" in r.getMessage()]
@@ -435,8 +438,8 @@ def test_a_device_tensor_over_the_saved_memory_in_a_container_is_found(monkeypat
     host values meets it there, so the guard waits for the stream as well."""
     shared, waits = _on_a_gpu(monkeypatch)
     shared.__dict__["views"] = [on_device(shared.query_start_loc_cpu)]
-    install.guarded_call(_zeroes, "HoldsViews", shared)
-    assert [w.blind for w in waits] == [
+    guarded_call.run(_zeroes, "HoldsViews", shared)
+    assert [w.unfollowed for w in waits] == [
         "views[0], a device tensor over the saved memory"
     ], waits
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
@@ -456,7 +459,7 @@ def test_a_compiled_function_in_a_capture_is_not_taken_for_a_copy(followed):
     with copies.follow(watch):
         convert(other)
         convert(other)
-    assert (recorded, watch.blind) == ([], None), watch.blind
+    assert (recorded, watch.unfollowed) == ([], None), watch.unfollowed
 
 
 def test_a_guard_inside_a_guarded_capture_is_unseen_by_the_outer_one(monkeypatch):
@@ -467,11 +470,11 @@ def test_a_guard_inside_a_guarded_capture_is_unseen_by_the_outer_one(monkeypatch
     other = copy.copy(shared)  # other metadata, the same runner buffers
 
     def outer(metadata):  # noqa: ANN001, ANN202
-        install.guarded_call(_zeroes, "InnerOverTheSameBuffers", other)
+        guarded_call.run(_zeroes, "InnerOverTheSameBuffers", other)
         metadata.query_start_loc_cpu.zero_()
 
-    install.guarded_call(outer, "OuterOverTheSameBuffers", shared)
-    assert [(w.events, w.blind) for w in waits] == [({}, None)] * 2, waits
+    guarded_call.run(outer, "OuterOverTheSameBuffers", shared)
+    assert [(w.events, w.unfollowed) for w in waits] == [({}, None)] * 2, waits
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
 
 
@@ -515,6 +518,6 @@ def test_vllms_real_captures_queue_nothing_to_wait_for(
         with set_current_vllm_config(builder.vllm_config):
             builder.build_for_cudagraph_capture(copy.copy(shared))
     assert len(waits) == 2, waits  # both captures guarded and followed
-    assert [(w.events, w.blind) for w in waits] == [({}, None)] * 2
+    assert [(w.events, w.unfollowed) for w in waits] == [({}, None)] * 2
     assert all(w.ranges for w in waits)
     assert shared.query_start_loc_cpu.tolist() == batch.offsets()

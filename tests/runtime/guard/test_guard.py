@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from tests.fake_device import DeviceTensor
-from vllm_capture_guard.runtime import guard, switch
-from vllm_capture_guard.runtime.base import Status, is_guarded, original_of
-from vllm_capture_guard.runtime.guard import fields_of, install, keep
+from vllm_capture_guard.runtime import switch
+from vllm_capture_guard.runtime.guard import guarded_call, restore
+from vllm_capture_guard.runtime.guard.metadata import fields_of
+from vllm_capture_guard.runtime.patching import Status, is_guarded, original_of
 from vllm_capture_guard.tools import harness
 from vllm_capture_guard.tools.contract import CPU
 from vllm_capture_guard.tools.fixes import by_name
@@ -173,8 +174,8 @@ def test_a_nested_capture_saves_once(rocm, monkeypatch):
     nested = type("NestedBuilder", (base,), {METHOD: build_for_cudagraph_capture})
     PATCH.apply()
     saves = []
-    real = keep.save
-    monkeypatch.setattr(keep, "save", lambda m: saves.append(1) or real(m))
+    real = restore.save
+    monkeypatch.setattr(restore, "save", lambda m: saves.append(1) or real(m))
     assert host_writes(direct(nested)) == []
     assert len(saves) == 1
 
@@ -196,7 +197,7 @@ def test_rebinds_and_lazy_caches_reach_the_shared_metadata(rocm):
         return "built"
 
     before = shared.query_start_loc_cpu.clone()
-    assert install.guarded_call(capture, "Fake", shared) == "built"
+    assert guarded_call.run(capture, "Fake", shared) == "built"
     assert shared.max_seq_len == 7 and shared.__dict__[cache] is filled
     assert torch.equal(shared.query_start_loc_cpu, before)  # in place: put back
     assert shared.query_start_loc.eq(0).all()  # device: lands (#25985)
@@ -216,7 +217,7 @@ def test_the_capture_sees_its_own_writes_and_the_runners_buffers():
         seen["alias"] = metadata.host_alias_cpu.tolist()
         return "built"
 
-    install.guarded_call(capture, "Fake", shared)
+    guarded_call.run(capture, "Fake", shared)
     assert seen == {"same": True, "alias": [0] * 5}
     assert shared.host_alias_cpu.tolist() == harness.Batch(4).offsets()
 
@@ -231,7 +232,7 @@ def test_a_tensor_in_a_container_is_put_back_in_place_and_stays_the_runners():
         metadata.vendor_ranges["offsets"] = torch.zeros(4)
         metadata.vendor_ranges["spans"].append((1, 2))
 
-    install.guarded_call(capture, "Containers", shared)
+    guarded_call.run(capture, "Containers", shared)
     assert shared.vendor_ranges["offsets"] is runners
     assert runners.tolist() == [0, 1, 2, 3]
     assert shared.vendor_ranges["spans"] == [(0, 1)]
@@ -242,7 +243,7 @@ def test_nan_where_nan_was_is_no_write(caplog):
     shared.__dict__["scale_cpu"] = torch.tensor([float("nan"), 1.0])
     shared.__dict__["scale_strided_cpu"] = torch.full((4,), float("nan"))[::2]
     with caplog.at_level(logging.INFO, logger="vllm.capture_guard"):
-        install.guarded_call(lambda m: None, "NaNs", shared)
+        guarded_call.run(lambda m: None, "NaNs", shared)
     said = [r.getMessage() for r in caplog.records if "NaNs" in r.getMessage()]
     assert said and "wrote no shared host value" in said[0], said
 
@@ -255,11 +256,11 @@ def test_a_nested_capture_on_other_metadata_is_guarded_too():
         metadata.query_start_loc_cpu.zero_()
 
     def capture(metadata):
-        return install.guarded_call(nested, "Inner", inner)
+        return guarded_call.run(nested, "Inner", inner)
 
-    install.guarded_call(capture, "Outer", outer)
+    guarded_call.run(capture, "Outer", outer)
     assert inner.query_start_loc_cpu.tolist() == harness.Batch(3).offsets()
-    assert guard.SEEN["Inner"]["wrote"] == {"query_start_loc_cpu": 3}
+    assert guarded_call.SEEN["Inner"].wrote == {"query_start_loc_cpu": 3}
 
 
 def test_a_write_that_bypasses_torchs_version_counter_is_put_back():
@@ -269,7 +270,7 @@ def test_a_write_that_bypasses_torchs_version_counter_is_put_back():
     def capture(metadata):
         metadata.query_start_loc_cpu.numpy()[:] = 0
 
-    install.guarded_call(capture, "Numpy", shared)
+    guarded_call.run(capture, "Numpy", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
 
 
@@ -306,7 +307,7 @@ def test_slotted_metadata_is_read_as_a_dataclass_is():
         cm = _slotted(cls, harness.Batch(4), **lazy)
         assert not vars(cm) if cls is sub else not hasattr(cm, "__dict__")
         assert "query_start_loc_cpu" in fields_of(cm)
-        install.guarded_call(capture, cls.__name__, cm)
+        guarded_call.run(capture, cls.__name__, cm)
         assert cm.query_start_loc_cpu.tolist() == harness.Batch(4).offsets(), cls
         assert all(getattr(cm, n) is None for n in lazy)  # its property not read
 
@@ -317,7 +318,7 @@ def test_no_property_is_read():
     shared = harness.shared_metadata(harness.Batch(4))
     shared.__dict__["_seq_lens_cpu"] = None
     shared.__dict__["_num_computed_tokens_cpu"] = None
-    install.guarded_call(lambda m: None, "Lazy", shared)
+    guarded_call.run(lambda m: None, "Lazy", shared)
     assert shared._seq_lens_cpu is None and shared._num_computed_tokens_cpu is None
 
 
@@ -328,7 +329,7 @@ def test_containers_are_put_back():
     def capture(metadata):
         metadata.vendor_ranges[0].append((1, 2))
 
-    install.guarded_call(capture, "Fake", shared)
+    guarded_call.run(capture, "Fake", shared)
     assert shared.vendor_ranges == {0: [(0, 1)]}
 
 
@@ -351,7 +352,7 @@ def test_host_arrays_are_kept_by_their_bytes_and_a_numpy_scalar_costs_nothing(
         metadata.vendor_np[:] = -1
 
     with caplog.at_level(logging.WARNING):
-        install.guarded_call(capture, "Arrays", shared)
+        guarded_call.run(capture, "Arrays", shared)
     assert shared.req_idx is dense and dense.tolist() == list(range(8))
     assert dense.__array_interface__["data"][0] == address  # in place
     assert strided.tolist() == list(range(0, 16, 2))
@@ -369,7 +370,7 @@ def test_host_is_where_a_tensor_lives_when_the_device_fields_are_on_a_gpu():
     neutral = shared.query_start_loc_cpu[:]  # a host view, neutrally named
     shared.__dict__["vendor_offsets"] = neutral
     shared.__dict__["vendor_array"] = np.arange(4)
-    saved = {entry[0] for entry in keep.save(shared)[0]}
+    saved = {v.field for v in restore.save(shared).values}
     assert {"query_start_loc_cpu", "vendor_offsets", "vendor_array"} <= saved
     assert "query_start_loc" not in saved
 
@@ -378,14 +379,14 @@ def test_host_is_where_a_tensor_lives_when_the_device_fields_are_on_a_gpu():
         metadata.vendor_array[:] = 0
         metadata.query_start_loc.zero_()
 
-    install.guarded_call(capture, "Fake", shared)
+    guarded_call.run(capture, "Fake", shared)
     assert neutral.tolist() == harness.Batch(4).offsets()
     assert shared.vendor_array.tolist() == [0, 1, 2, 3]
     assert shared.query_start_loc.eq(0).all()
     # on an all-CPU host names decide: the neutral name is not host there
     plain = harness.shared_metadata(harness.Batch(4))
     plain.__dict__["vendor_offsets"] = plain.query_start_loc_cpu[:]
-    assert "vendor_offsets" not in {entry[0] for entry in keep.save(plain)[0]}
+    assert "vendor_offsets" not in {v.field for v in restore.save(plain).values}
 
 
 def test_the_log_says_once_what_the_capture_wrote(rocm, caplog):
@@ -463,8 +464,8 @@ def test_a_metadata_it_cannot_read_runs_vllms_own_call_with_one_warning(caplog):
         return "built"
 
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        assert install.guarded_call(zeroes, "Unreadable", cm) == "built"
-        assert install.guarded_call(zeroes, "Unreadable", cm) == "built"
+        assert guarded_call.run(zeroes, "Unreadable", cm) == "built"
+        assert guarded_call.run(zeroes, "Unreadable", cm) == "built"
     warnings = [r.getMessage() for r in caplog.records if _ours_warned(r)]
     assert len(warnings) == 1 and "ran unguarded" in warnings[0], warnings  # once
     assert offsets.eq(0).all()
@@ -481,7 +482,7 @@ def test_memory_that_moved_is_never_written_and_the_others_are_put_back(caplog):
         metadata.workspace_cpu.untyped_storage().resize_(0)
 
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        install.guarded_call(capture, "Frees", shared)
+        guarded_call.run(capture, "Frees", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
     warnings = [r.getMessage() for r in caplog.records if _ours_warned(r)]
     assert len(warnings) == 1 and "could not keep workspace_cpu" in warnings[0]
@@ -501,7 +502,7 @@ def test_a_value_it_cannot_save_leaves_the_others_guarded(caplog):
         metadata.query_start_loc_cpu.zero_()
 
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        install.guarded_call(capture, "Unsaveable", shared)
+        guarded_call.run(capture, "Unsaveable", shared)
     assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
     warnings = [r.getMessage() for r in caplog.records if _ours_warned(r)]
     assert len(warnings) == 1 and "could not keep vendor_state" in warnings[0]
@@ -509,7 +510,7 @@ def test_a_value_it_cannot_save_leaves_the_others_guarded(caplog):
 
 def test_a_failure_after_the_capture_never_reaches_vllm(monkeypatch, caplog):
     shared = harness.shared_metadata(harness.Batch(2))
-    monkeypatch.setattr(keep, "put_back", lambda *a: 1 / 0)
+    monkeypatch.setattr(restore, "restore", lambda *a: 1 / 0)
     with caplog.at_level(logging.WARNING, logger="vllm.capture_guard"):
-        assert install.guarded_call(lambda m: "built", "Broken", shared) == "built"
+        assert guarded_call.run(lambda m: "built", "Broken", shared) == "built"
     assert any("could not put back" in r.getMessage() for r in caplog.records)

@@ -132,7 +132,7 @@ import json, torch, vllm.plugins
 vllm.plugins.load_general_plugins()
 from vllm.config import set_current_vllm_config
 from vllm.v1.worker.utils import AttentionGroup
-from vllm_capture_guard.runtime import base
+from vllm_capture_guard.runtime import patching
 from vllm_capture_guard.tools import harness
 config = harness.make_vllm_config(0)
 spec = harness.attention_builder("ROCM_ATTN", config).kv_cache_spec
@@ -142,7 +142,7 @@ with set_current_vllm_config(config):
                                    num_metadata_builders=2)
 own = [vars(b).get("build_for_cudagraph_capture") for b in group.metadata_builders]
 print(json.dumps({"builders": len(own),
-                  "guarded": [base.is_guarded(f) for f in own]}))
+                  "guarded": [patching.is_guarded(f) for f in own]}))
 """
 
 

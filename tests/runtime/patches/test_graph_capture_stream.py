@@ -13,8 +13,8 @@ import torch
 
 from tests import capture_sites as cs
 from tests.conftest import guard_lines, run_snippet
-from vllm_capture_guard.runtime.base import MARKER, Status
 from vllm_capture_guard.runtime.patches import graph_capture_stream as mod
+from vllm_capture_guard.runtime.patching import MARKER, Status
 from vllm_capture_guard.tools.fixes import by_name
 from vllm_capture_guard.tools.guard import inspect
 from vllm_capture_guard.tools.revert import revert
@@ -118,7 +118,7 @@ def test_unreadable_source_is_patched_and_incomplete(unguarded, unpatched, monke
 SNIPPET = """
 import json, os, sys
 from tests import capture_sites as cs
-from vllm_capture_guard.runtime.base import MARKER
+from vllm_capture_guard.runtime.patching import MARKER
 from vllm_capture_guard.runtime.patches import graph_capture_stream as mod
 def functions():
     return [vars(getattr(sys.modules[m], c))[n] for m, c, n in mod.SITES

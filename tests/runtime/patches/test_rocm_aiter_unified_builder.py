@@ -11,8 +11,8 @@ import pickle
 import pytest
 
 from tests.conftest import run_snippet
-from vllm_capture_guard.runtime.base import Status
 from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as mod
+from vllm_capture_guard.runtime.patching import Status
 from vllm_capture_guard.tools import harness as sc
 from vllm_capture_guard.tools.fixes import by_name
 from vllm_capture_guard.tools.revert import revert

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The copies and the wait: while a capture runs, a ``TorchFunctionMode`` records
-an event after each copy from or into the saved pinned bytes, on its stream; the
-guard waits on those alone. Where it cannot see the copies (a raw pointer or
-custom op, a device tensor over them) it waits for the metadata's stream."""
+"""The copies and the wait. While a capture runs, a ``TorchFunctionMode``
+records an event after each copy from or into the saved pinned bytes, on the
+copy's stream, and the guard waits on those events alone. Where it cannot see
+the copies (a raw pointer or a custom op, a device tensor over those bytes), it
+waits for the metadata's stream instead."""
 
 from __future__ import annotations
 
@@ -14,12 +15,19 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from vllm_capture_guard.runtime.base import say, short
+from vllm_capture_guard.runtime.logs import short_error, warn_once
 
-CAPTURING = "inside a stream capture"  # save()'s watch: nothing has run yet
-EXCHANGE = "ThreadExchangeStreamCaptureMode"  # of the CUDA driver, or HIP
-COPY, RAW = "a copy", "a raw pointer"
+#: ``watch()`` inside an active stream capture: nothing has run yet.
+CAPTURING = "inside a stream capture"
+#: What a torch call may do with the saved bytes.
+COPY = "a copy"  # queues a copy: record an event after it
+RAW = "a raw pointer"  # hands them on unseen: wait for the stream
+NOT_A_COPY = ""
 ATEN_COPIES = frozenset({"copy_", "_to_copy", "to", "copy", "_copy_from"})
+#: cudaStreamCaptureModeRelaxed and hipStreamCaptureModeRelaxed: waiting on an
+#: event in this mode invalidates no graph that another thread captures.
+RELAXED_CAPTURE_MODE = 2
+EXCHANGE = "ThreadExchangeStreamCaptureMode"  # cu... of the CUDA driver, hip... of HIP
 
 
 class Watch:
@@ -27,7 +35,10 @@ class Watch:
     them was queued on, and why it must wait for the stream instead, if so."""
 
     def __init__(self, device: Any) -> None:
-        self.device, self.ranges, self.events, self.blind = device, [], {}, None
+        self.device = device
+        self.ranges: list[tuple[int, int]] = []  # (first byte, past the last)
+        self.events: dict[int, Any] = {}  # stream handle -> its latest event
+        self.unfollowed: str | None = None
 
     def hits(self, value: Any) -> bool:
         lo, hi = _bounds(value)
@@ -36,29 +47,31 @@ class Watch:
     def add(self, name: str, value: Any, bounds: tuple | None = None) -> None:
         """Note a saved host value's bytes (``bounds``, if known) where pinned."""
         try:
-            if not isinstance(value, sys.modules["torch"].Tensor):  # through torch
+            torch = sys.modules["torch"]
+            if not isinstance(value, torch.Tensor):  # an array: asked through torch
                 if not value.flags.writeable:
                     raise ValueError("a read-only array")
-                value = sys.modules["torch"].from_numpy(value)
+                value = torch.from_numpy(value)
             if _pinned(value):
                 self.ranges.append(bounds or _bounds(value))
         except Exception as e:  # cannot tell what overlaps it: wait for the stream
-            self.blind = self.blind or f"{name} ({short(e)})"
+            self.unfollowed = self.unfollowed or f"{name} ({short_error(e)})"
 
-    def settled(self, devices: list) -> Watch | None:
-        """Self, its ``(name, device tensor)`` checked; None if nothing pinned."""
+    def settled(self, device_fields: list[tuple[str, Any]]) -> Watch | None:
+        """Itself, once the ``(name, device tensor)`` fields are checked; None if
+        nothing saved is pinned (no copy can read or write it later)."""
         try:  # a device tensor over the saved bytes: kernels read it there, unseen
-            for name, value in devices if self.ranges else ():
+            for name, value in device_fields if self.ranges else ():
                 if value.is_cuda and self.hits(value):
-                    self.blind = f"{name}, a device tensor over the saved memory"
+                    self.unfollowed = f"{name}, a device tensor over the saved memory"
         except Exception as e:  # cannot tell: wait for the stream
-            self.blind = self.blind or f"a device field ({short(e)})"
-        return self if self.ranges or self.blind else None
+            self.unfollowed = self.unfollowed or f"a device field ({short_error(e)})"
+        return self if self.ranges or self.unfollowed else None
 
 
-def watch(device: Any) -> Any:
-    """A :class:`Watch` on a CUDA or HIP device, :data:`CAPTURING` inside a stream
-    capture, None elsewhere (or before CUDA/HIP is initialised)."""
+def watch(device: Any) -> Watch | str | None:
+    """A :class:`Watch` on a CUDA or HIP device; :data:`CAPTURING` inside a
+    stream capture; None elsewhere, or before CUDA/HIP is initialised."""
     torch = sys.modules["torch"]
     if device.type != "cuda" or not torch.cuda.is_initialized():
         return None
@@ -73,9 +86,11 @@ def _bounds(value: Any) -> tuple[int, int]:
     """The bytes it lies in, ``(first, past the last)``: the whole storage where
     it is not one dense block."""
     if value.is_contiguous():
-        return (ptr := value.data_ptr()), ptr + value.nbytes
+        first = value.data_ptr()
+        return first, first + value.nbytes
     storage = value.untyped_storage()
-    return (ptr := storage.data_ptr()), ptr + storage.nbytes()
+    first = storage.data_ptr()
+    return first, first + storage.nbytes()
 
 
 def follow(watch: Any) -> Any:
@@ -93,7 +108,7 @@ def _mode() -> type:
     kinds.update(dict.fromkeys(raw, RAW))
     compiling = torch.compiler.is_compiling
 
-    class Follow(torch.overrides.TorchFunctionMode):  # on every torch call: lean
+    class FollowCopies(torch.overrides.TorchFunctionMode):  # on every torch call
         def __init__(self, watch: Watch) -> None:
             self.watch = watch
 
@@ -101,25 +116,30 @@ def _mode() -> type:
             if compiling():  # traced: it runs later, unseen
                 return func(*args, **(kwargs or {}))
             try:
-                kind = kinds.get(func) or (_op_kind(func) if type(func) in ops else 0)
+                kind = kinds.get(func) or (
+                    _op_kind(func) if type(func) in ops else NOT_A_COPY
+                )
             except TypeError:  # not hashable: no copy function of torch's
-                kind = 0
+                kind = NOT_A_COPY
             result = func(*args, **kwargs) if kwargs else func(*args)
             if kind:  # after the call, as the copy it queued
-                _look(self.watch, kind, func, args, kwargs or {}, result)
+                _note_copy(self.watch, kind, func, args, kwargs or {}, result)
             return result
 
-    return Follow
+    return FollowCopies
 
 
-def _op_kind(op: Any) -> str | int:
-    """An aten copy, a custom op (it may copy from what it is given), or 0."""
-    space, _, name = str(op).partition(".")  # aten.copy_(.default)
-    ours = space in ("aten", "prims", "prim")
-    return (COPY if name.split(".")[0] in ATEN_COPIES else 0) if ours else RAW
+def _op_kind(op: Any) -> str:
+    """An aten copy, another aten operator, or a custom one (it may copy unseen)."""
+    namespace, _, name = str(op).partition(".")  # aten.copy_(.default)
+    if namespace not in ("aten", "prims", "prim"):
+        return RAW
+    if name.split(".")[0] in ATEN_COPIES:
+        return COPY
+    return NOT_A_COPY
 
 
-def _look(watch: Watch, kind: str, func: Any, args: tuple, kwargs: dict, out: Any):  # noqa: ANN202
+def _note_copy(watch: Watch, kind: str, func: Any, args: tuple, kwargs: dict, out: Any):  # noqa: ANN202
     """After a call: an event where it queued a copy of the saved bytes; where
     it handed them on unseen, why the guard must wait for the stream."""
     torch = sys.modules["torch"]
@@ -132,26 +152,29 @@ def _look(watch: Watch, kind: str, func: Any, args: tuple, kwargs: dict, out: An
                 return
             device = next((t.device for t in found if t.is_cuda), None)
             if kind is RAW:
-                watch.blind = watch.blind or f"{kind}, through {func.__name__}"
+                watch.unfollowed = (
+                    watch.unfollowed or f"{kind}, through {func.__name__}"
+                )
             elif device and not torch.cuda.is_current_stream_capturing():  # no graph's
                 stream = torch.cuda.current_stream(device)
                 with relaxed():  # the latest event of a stream covers the rest
                     watch.events[stream.cuda_stream] = stream.record_event()
     except Exception as e:  # the guard's own: wait for the stream instead
-        watch.blind = watch.blind or f"a call it could not follow ({short(e)})"
+        why = f"a call it could not follow ({short_error(e)})"
+        watch.unfollowed = watch.unfollowed or why
 
 
 def wait(watch: Watch) -> None:
-    """Until the copies followed are done, each on its stream (and, where the
-    guard could not see them, the metadata's current stream): never the device,
-    and relaxed, so no graph capture elsewhere is invalidated."""
+    """Until the copies followed are done, each on its stream (or, where some
+    could not be followed, the metadata's current stream), in relaxed mode."""
     events = list(watch.events.values())
-    if not (events or watch.blind):
+    if not events and not watch.unfollowed:
         return  # no copy of the saved bytes: nothing to wait for
     torch = sys.modules["torch"]
     with relaxed():
-        if watch.blind:
-            events.append(torch.cuda.current_stream(watch.device.index).record_event())
+        if watch.unfollowed:
+            stream = torch.cuda.current_stream(watch.device.index)
+            events.append(stream.record_event())
         for event in events:
             event.synchronize()
 
@@ -159,12 +182,12 @@ def wait(watch: Watch) -> None:
 @contextlib.contextmanager
 def relaxed() -> Iterator[None]:
     """This thread's stream-capture mode relaxed, and given back after."""
-    exchange, mode = _exchange(), ctypes.c_int(2)  # 2: the relaxed mode
-    done = exchange(ctypes.byref(mode)) == 0
+    exchange, mode = _exchange(), ctypes.c_int(RELAXED_CAPTURE_MODE)
+    exchanged = exchange(ctypes.byref(mode)) == 0  # mode now holds the old one
     try:
         yield
     finally:
-        if done:  # back to the mode this thread had
+        if exchanged:  # back to the mode this thread had
             exchange(ctypes.byref(mode))
 
 
@@ -179,6 +202,6 @@ def _exchange() -> Any:
         found.argtypes, found.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int
         return found
     except (OSError, AttributeError) as e:
-        why = f"{lib} has no {EXCHANGE} ({short(e)})"
-        say(f"{why}: a graph captured in another thread while it waits is lost", True)
+        why = f"{lib} has no {EXCHANGE} ({short_error(e)})"
+        warn_once(f"{why}: a graph captured in another thread while it waits is lost")
         return lambda mode: 1

@@ -4,13 +4,13 @@ the fix is the oldest supported; :data:`PATCHES`: the capture guard, then them."
 
 from __future__ import annotations
 
-from vllm_capture_guard.runtime import base, switch
+from vllm_capture_guard.runtime import patching, switch
 from vllm_capture_guard.runtime.guard import install as guard
 from vllm_capture_guard.runtime.patches import graph_capture_stream as stream
 from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as aiter
 
 # The AITER backport derives from the builder class the guard already watches.
-PATCHES: tuple[base.Patch, ...] = (
+PATCHES: tuple[patching.Patch, ...] = (
     guard.CaptureGuard(),
     aiter.RocmAiterUnifiedBuilder(),
     stream.GraphCaptureStream(),

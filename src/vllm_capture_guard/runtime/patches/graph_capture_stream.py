@@ -16,7 +16,7 @@ import textwrap
 import types
 from typing import Any
 
-from vllm_capture_guard.runtime import base
+from vllm_capture_guard.runtime import patching
 
 #: (module, class, function): the call sites that PR #53818 changed.
 _WORKER = "vllm.v1.worker."
@@ -75,6 +75,9 @@ class _Globals(dict):
         self.module[key] = value
 
 
+_MISSING = object()  # a name the function's globals do not hold
+
+
 def unreached(fn: Any) -> list[str]:
     """The ``with <...graph>(...)`` in ``fn`` the stand-ins do not reach (source)."""
     fn, torch, found = inspect.unwrap(fn), sys.modules["torch"], []
@@ -88,7 +91,7 @@ def unreached(fn: Any) -> list[str]:
             if not name.lower().endswith("graph"):
                 continue
             root, *rest = name.split(".")
-            top = fn.__globals__.get(root, found)  # what the stand-ins replace
+            top = fn.__globals__.get(root, _MISSING)  # what the stand-ins replace
             if top is not reached.get(tuple(rest)):
                 found.append(f"{name}(...) at line {call.lineno}")
     return found
@@ -115,12 +118,12 @@ def copy_of(fn: Any) -> Any:
     )
     new.__kwdefaults__ = fn.__kwdefaults__
     new = functools.update_wrapper(new, fn)
-    setattr(new, base.MARKER, fn)
+    setattr(new, patching.MARKER, fn)
     return new
 
 
-def _loaded() -> list[tuple[str, type, str]]:
-    """``(where, class, name)`` of each site whose module vLLM imported."""
+def loaded_sites() -> list[tuple[str, type, str]]:
+    """``(where, class, function name)`` of each site whose module vLLM imported."""
     found = []
     for module, cls_name, name in SITES:
         cls = getattr(sys.modules.get(module), cls_name, None)
@@ -129,39 +132,44 @@ def _loaded() -> list[tuple[str, type, str]]:
     return found
 
 
-class GraphCaptureStream(base.Patch):
+class GraphCaptureStream(patching.Patch):
     name, pr = "graph-capture-stream", "#53818"
     modules = tuple(dict.fromkeys(m for m, _, _ in SITES))
 
-    def plan(self, module: types.ModuleType) -> base.Outcome:
+    def plan(self, module: types.ModuleType) -> patching.Outcome:
         todo, done, gaps = [], [], []
-        for where, cls, name in _loaded():
-            fn = cls.__dict__[name]
-            if base.is_guarded(fn):
+        for where, cls, name in loaded_sites():
+            function = cls.__dict__[name]
+            if patching.is_guarded(function):
                 done.append(where)
                 continue
             todo.append((where, cls, name))
             try:
-                gaps += [f"{where}: {g}" for g in unreached(fn)]
+                gaps += [f"{where}: {gap}" for gap in unreached(function)]
             except (OSError, TypeError, SyntaxError) as e:
                 gaps.append(f"{where}: its source cannot be read ({type(e).__name__})")
-        sites = ", ".join(w for w, _, _ in todo) or ", ".join(done)
+        sites = ", ".join(where for where, _, _ in todo) or ", ".join(done)
         detail = f"{sites} capture on the current stream where none is given"
-        warning = gaps and (
-            f"patched, but cannot reach {'; '.join(gaps)}: capture there may stay "
-            f"on torch's side stream (backport of PR {self.pr})"
-        )
-        status = base.Status.NEEDED if todo else base.Status.ALREADY
-        return base.Outcome(self.name, status, detail, warning or None, todo)
+        warning = None
+        if gaps:
+            warning = (
+                f"patched, but cannot reach {'; '.join(gaps)}: capture there may "
+                f"stay on torch's side stream (backport of PR {self.pr})"
+            )
+        status = patching.Status.NEEDED if todo else patching.Status.ALREADY
+        return patching.Outcome(self.name, status, detail, warning, todo)
 
-    def install(self, plan: base.Outcome) -> str:
-        made = [(c, n, copy_of(c.__dict__[n])) for _, c, n in plan.data]
-        for cls, name, new in made:  # every copy made before any is set
-            setattr(cls, name, new)
+    def install(self, plan: patching.Outcome) -> str:
+        copies = [
+            (cls, name, copy_of(cls.__dict__[name])) for _, cls, name in plan.data
+        ]
+        for cls, name, copy in copies:  # every copy made before any is set
+            setattr(cls, name, copy)
         return plan.detail + f" (backport of PR {self.pr})"
 
-    def apply(self) -> base.Outcome:
+    def apply(self) -> patching.Outcome:
         outcome = super().apply()
-        if outcome.warning and outcome.status is base.Status.PATCHED:
-            return dataclasses.replace(outcome, status=base.Status.INCOMPLETE)
+        if outcome.warning and outcome.status is patching.Status.PATCHED:
+            # patched where it can reach, with a WARNING for the rest
+            return dataclasses.replace(outcome, status=patching.Status.INCOMPLETE)
         return outcome

@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A :class:`Patch` looks at what vLLM imported (``plan``) and changes it there
-(``install``), idempotently, under one lock; and the log of what is said once."""
+"""What a patch is. A :class:`Patch` looks at what vLLM imported (``plan``) and
+changes it there (``install``), idempotently, under one lock. Every function we
+install carries :data:`MARKER`, which holds what it replaced."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 import functools
-import logging
 import sys
 import threading
 from types import ModuleType
@@ -15,21 +15,30 @@ from typing import Any, ClassVar
 
 from vllm_capture_guard.runtime import hooks, switch
 
-MARKER = "__vllm_capture_guard_original__"  # on ours: what we replaced, or None
+#: On each function we install: what it replaced there, or None.
+MARKER = "__vllm_capture_guard_original__"
 LOCK = threading.RLock()
+OURS = "vllm_capture_guard"  # the package whose classes are never patched
 
 
 class Status(str, enum.Enum):
-    NEEDED, PATCHED, ALREADY = "needed", "patched", "already patched"
-    NOT_NEEDED, UNAVAILABLE, DISABLED = "not needed", "unavailable", "disabled"
-    INCOMPLETE, FAILED = "incomplete", "failed"  # incomplete: a WARNING says why
+    NEEDED = "needed"
+    PATCHED = "patched"
+    ALREADY = "already patched"
+    NOT_NEEDED = "not needed"
+    UNAVAILABLE = "unavailable"
+    DISABLED = "disabled"
+    INCOMPLETE = "incomplete"  # patched in part: its WARNING says what is left
+    FAILED = "failed"
 
     def __str__(self) -> str:
         return self.value
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:  # what a patch found or did; ``data``: what ``install`` needs
+class Outcome:
+    """What a patch found or did. ``data``: what its ``install`` needs."""
+
     patch: str
     status: Status
     detail: str
@@ -41,6 +50,7 @@ class Outcome:  # what a patch found or did; ``data``: what ``install`` needs
 
 
 def is_guarded(fn: Any) -> bool:
+    """Whether ``fn`` (or the function a method holds) is one we installed."""
     return hasattr(getattr(fn, "__func__", fn), MARKER)
 
 
@@ -53,8 +63,9 @@ def original_of(fn: Any) -> Any:
 
 
 def wrap_method(cls: type, name: str, make: Any) -> None:
-    """Give ``cls`` its own ``name`` = ``make(what cls resolves now)``."""
-    wrapper = functools.wraps(getattr(cls, name))(make(getattr(cls, name)))
+    """Give ``cls`` its own ``name``: ``make(what cls resolves now)``."""
+    current = getattr(cls, name)
+    wrapper = functools.wraps(current)(make(current))
     setattr(wrapper, MARKER, cls.__dict__.get(name))
     setattr(cls, name, wrapper)
 
@@ -64,17 +75,20 @@ def subclasses(root: type) -> list[type]:
     order, todo = [], [root]
     while todo:
         cls = todo.pop(0)
-        if cls not in order and not cls.__module__.startswith("vllm_capture_guard"):
-            order.append(cls)
-            todo.extend(cls.__subclasses__())
+        if cls in order or cls.__module__.startswith(OURS):
+            continue
+        order.append(cls)
+        todo.extend(cls.__subclasses__())
     return order
 
 
-class Patch:  # ``plan`` (NEEDED, ALREADY or NOT_NEEDED), ``install``
-    name: ClassVar[str]  # log lines, status, VLLM_CAPTURE_GUARD_DISABLE
+class Patch:
+    """One fix. ``plan`` says NEEDED, ALREADY or NOT_NEEDED; ``install`` does it."""
+
+    name: ClassVar[str]  # in log lines, status and VLLM_CAPTURE_GUARD_DISABLE
     pr: ClassVar[str]  # the upstream pull request, e.g. "#51585"
-    modules: ClassVar[tuple[str, ...]]  # whose import applies it
-    reverted: bool = False  # set by tools.revert; apply() clears it
+    modules: ClassVar[tuple[str, ...]]  # the vLLM modules whose import applies it
+    reverted: bool = False  # set by the tools' revert; apply() clears it
 
     def plan(self, module: ModuleType) -> Outcome:
         raise NotImplementedError
@@ -87,7 +101,7 @@ class Patch:  # ``plan`` (NEEDED, ALREADY or NOT_NEEDED), ``install``
         if self.name in switch.disabled_patches():
             why = f"listed in {switch.DISABLE_ENV}; vLLM's code is unchanged"
             return Outcome(self.name, Status.DISABLED, why)
-        for name in self.modules:  # the first that vLLM has imported
+        for name in self.modules:  # the first one vLLM has imported
             if hooks.complete(name):
                 return self.plan(sys.modules[name])
         why = f"{', '.join(self.modules)} not imported (yet)"
@@ -100,23 +114,5 @@ class Patch:  # ``plan`` (NEEDED, ALREADY or NOT_NEEDED), ``install``
             plan = self.decide()
             if plan.status is not Status.NEEDED:
                 return plan
-            return Outcome(self.name, Status.PATCHED, self.install(plan), plan.warning)
-
-
-LOG = logging.getLogger("vllm.capture_guard")  # vLLM's handler and format
-_said: set[str] = set()
-
-
-def say(message: str, warning: bool = False) -> None:
-    """Log ``message`` once per process: INFO, or WARNING."""
-    with LOCK:
-        if message in _said:
-            return
-        _said.add(message)
-    (LOG.warning if warning else LOG.info)(f"vllm-capture-guard: {message}")
-
-
-def short(e: BaseException) -> str:
-    """An error in at most 120 characters."""
-    text = f"{type(e).__name__}: {e}"
-    return text if len(text) <= 120 else text[:117] + "..."
+            detail = self.install(plan)
+            return Outcome(self.name, Status.PATCHED, detail, plan.warning)
