@@ -13,9 +13,8 @@ constructor asks for a model runner's whole configuration); everything
 ``capture`` then does is vLLM's.
 
 Without the patch the capture must fail that way; with it, the graph is
-captured and its replays equal the eager op. This module runs last in the
-tier (after ``test_graph_replay.py``, whose guard fixture must see nothing
-imported yet), and applies and reverts the patch itself.
+captured and its replays equal the eager op. It applies and reverts the
+patch itself, so it runs in any order with the other files of the tier.
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ def _capture(m):
 
 @contextlib.contextmanager
 def _patch(on: bool):
-    from vllm_capture_guard.runtime.base import Status
+    from vllm_capture_guard.runtime.patching import Status
     from vllm_capture_guard.tools.fixes import by_name
 
     patch = by_name("graph-capture-stream")
