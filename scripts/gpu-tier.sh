@@ -20,8 +20,10 @@
 #       $OUT (default .gpu/out)/gpu-results.json, gpu-results.md, gpu-tier.log.
 #       GPU_TIER_TESTS picks a part of tests/gpu (default: all of it).
 #       Where prepare was given BASELINE_REF (a commit of this repository),
-#       the cost test runs again after the tier on that commit's runtime, so
-#       the guard's cost is compared on one host (baseline-results.json).
+#       the guard's start-up cost is then compared on this host: this
+#       checkout's runtime beside that commit's, with this checkout's tools
+#       and tests (tests/gpu/compare_start_up.py; start-up-comparison.json).
+#   bash .gpu/repo/scripts/gpu-tier.sh compare    the same comparison alone.
 #       With GPU_TIER_MUTATIONS=1 it then runs the tests that must catch a
 #       broken guard against one (tests/gpu/conftest.py, GPU_TIER_MUTATE) and
 #       adds what they said to the results (gpu-mutations.log).
@@ -103,11 +105,12 @@ prepare() {
     --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
     -d "$dest/wheels" -r "$root/requirements/gpu-tier.txt"
 
-  # 2b. The code of BASELINE_REF, for the cost comparison (none by default).
+  # 2b. The runtime of BASELINE_REF, for the cost comparison (none by default).
   rm -rf "$dest/baseline"
   if [[ -n ${BASELINE_REF:-} ]]; then
     mkdir -p "$dest/baseline"
-    git -C "$root" archive "$BASELINE_REF" src | tar -xf - -C "$dest/baseline"
+    git -C "$root" archive "$BASELINE_REF" src/vllm_capture_guard/runtime |
+      tar -xf - -C "$dest/baseline"
     git -C "$root" rev-parse --short "$BASELINE_REF" >"$dest/baseline/COMMIT"
   fi
 
@@ -167,10 +170,10 @@ unpack() {
   python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"
 }
 
-run() {
-  dest=$(cd "$dest" && pwd)
-  local out=${OUT:-$dest/out} t0=$SECONDS site=/tmp/gpu-tier-site
-  mkdir -p "$out"
+site=/tmp/gpu-tier-site
+
+# The wheels and vLLM's trees unpacked into /tmp, and the environment set.
+install() {
   rm -rf "$site" && mkdir -p "$site"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target "$site" "$dest"/wheels/*.whl
@@ -190,6 +193,13 @@ run() {
   GPU_TIER_COMMIT=$(cat "$dest/repo/COMMIT" 2>/dev/null || echo unknown)
   export GPU_TIER_COMMIT
   nvidia-smi -L 2>/dev/null || true
+}
+
+run() {
+  dest=$(cd "$dest" && pwd)
+  local out=${OUT:-$dest/out} t0=$SECONDS
+  mkdir -p "$out"
+  install
   local rc=0
   # shellcheck disable=SC2086 # GPU_TIER_TESTS: words (a selection of tests/gpu)
   (cd "$dest/repo" && python3 -m pytest ${GPU_TIER_TESTS:-tests/gpu} -v -p no:cacheprovider) \
@@ -203,6 +213,13 @@ run() {
   if [[ -d $dest/baseline/src ]]; then
     baseline "$out"
   fi
+  render "$t0"
+  echo "gpu-tier: pytest exit $rc, $((SECONDS - t0)) s"
+  return $rc
+}
+
+render() {
+  local t0=$1
   if [[ -s $GPU_TIER_RESULTS ]]; then
     python3 - "$GPU_TIER_RESULTS" $((SECONDS - t0)) <<'PY'
 import json, sys
@@ -214,30 +231,40 @@ PY
     python3 "$dest/repo/scripts/render-gpu-results.py" "$GPU_TIER_RESULTS" |
       tee "$out/gpu-results.md"
   fi
-  echo "gpu-tier: pytest exit $rc, $((SECONDS - t0)) s"
-  return $rc
 }
 
-# The guard's cost at BASELINE_REF, on this host, beside this run's.
+# The guard's start-up cost: this checkout's runtime beside BASELINE_REF's, on
+# this host; only src/vllm_capture_guard/runtime differs between the two.
 baseline() {
-  local out=$1 summary
-  # this run's cost test, on BASELINE_REF's runtime and tools
-  summary=$(cd "$dest/repo" && GPU_TIER_RESULTS="$out/baseline-results.json" \
-    PYTHONPATH="$site:$dest/meta:$dest/baseline/src:$dest/repo" \
-    python3 -m pytest tests/gpu/test_guard_cost.py -q -p no:cacheprovider \
-    -k 51_capture_sizes 2>&1 | tail -n 1 || true)
-  echo "baseline $(cat "$dest/baseline/COMMIT"): $summary"
-  python3 - "$GPU_TIER_RESULTS" "$out/baseline-results.json" \
-    "$(cat "$dest/baseline/COMMIT")" "$summary" <<'PY'
-import json, os, re, sys
-path, other, ref, summary = sys.argv[1:]
+  local out=$1 overlay=/tmp/gpu-tier-baseline-src ref
+  ref=$(cat "$dest/baseline/COMMIT")
+  rm -rf "$overlay" && cp -r "$dest/repo/src" "$overlay"
+  rm -rf "$overlay/vllm_capture_guard/runtime"
+  cp -r "$dest/baseline/src/vllm_capture_guard/runtime" "$overlay/vllm_capture_guard/"
+  echo "baseline $ref: start-up cost, this runtime beside that one"
+  (cd "$dest/repo" && python3 -m tests.gpu.compare_start_up \
+    --baseline-src "$overlay" --head-src "$dest/repo/src" \
+    --rounds "${COMPARE_ROUNDS:-5}" --paths "${COMPARE_PATHS:-v1-0.28.0,v2-0.28.0,v2-0.34.0}" \
+    --out "$out/start-up-comparison.json") | tail -n 60
+  if [[ -s $GPU_TIER_RESULTS && -s $out/start-up-comparison.json ]]; then
+    python3 - "$GPU_TIER_RESULTS" "$out/start-up-comparison.json" "$ref" <<'PY'
+import json, sys
+path, other, ref = sys.argv[1:]
 data = json.load(open(path))
-found = json.load(open(other)) if os.path.exists(other) else {}
-start_up = (found.get("cost") or {}).get("start_up")
-summary = re.sub(r" \(/[^)]*\)", "", summary)  # no machine path in the results
-data["baseline_cost"] = {"ref": ref, "pytest": summary, "start_up": start_up}
+found = json.load(open(other))
+data["baseline_cost"] = {"ref": ref, "start_up": found["summary"],
+                         "rounds": found["rounds"], "repeat": found["repeat"]}
 json.dump(data, open(path, "w"), indent=1)
 PY
+  fi
+}
+
+compare() {
+  dest=$(cd "$dest" && pwd)
+  local out=${OUT:-$dest/out}
+  mkdir -p "$out"
+  install
+  baseline "$out"
 }
 
 # Each mutation of the guard, and the tests that must fail against it.
@@ -269,8 +296,9 @@ PY
 case $cmd in
 prepare) prepare ;;
 run) run ;;
+compare) compare ;;
 *)
-  echo "usage: gpu-tier.sh prepare|run [DEST]" >&2
+  echo "usage: gpu-tier.sh prepare|run|compare [DEST]" >&2
   exit 2
   ;;
 esac

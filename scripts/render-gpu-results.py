@@ -182,15 +182,7 @@ def _cost(found: dict | None, data_baseline: dict | None = None) -> list[str]:
             f"- this host's speed: a fixed loop of 10^6 Python iterations took "
             f"{run['python_loop_ms']:.0f} ms"
         )
-    base = (data_baseline.get("start_up") or {}) if data_baseline else {}
-    for backend, one in (base.get("per_start_up") or {}).items():
-        lines.append(
-            f"- the runtime at {data_baseline['ref']}, on this host in this run "
-            f"(the same test, after the tier; the Python loop then took "
-            f"{base.get('python_loop_ms', float('nan')):.0f} ms): one start-up with "
-            f"{backend}: {one['ms']:.2f} ms (saving {one['save']:.2f}, waiting "
-            f"{one['wait']:.2f}, comparing {one['compare']:.2f})"
-        )
+    lines += _beside_baseline(data_baseline)
     for backend, dummy in (found.get("dummy_batch") or {}).items():
         lines.append(
             f"- one serving-time dummy batch with {backend} behind a forward pass "
@@ -199,6 +191,27 @@ def _cost(found: dict | None, data_baseline: dict | None = None) -> list[str]:
             f"{dummy['wait'] * 1e3:.0f} µs; the guard returned while the forward "
             f"was still running: {dummy['returned_in_flight']}"
         )
+    return lines
+
+
+def _beside_baseline(baseline: dict | None) -> list[str]:
+    """This runtime's start-up cost beside a baseline's, on the same host
+    (tests/gpu/compare_start_up.py): least guarded minus least unguarded."""
+    if not baseline or not isinstance(baseline.get("start_up"), dict):
+        return []
+    lines = []
+    for path, backends in baseline["start_up"].items():
+        for backend, one in backends.items():
+            if "head_ms" not in one:  # an older results file: phases, not walls
+                continue
+            ratio = one.get("ratio")
+            lines.append(
+                f"- {path}, {backend}, one start-up's captures with the guard "
+                f"less without it (the least of {baseline.get('rounds')} rounds "
+                f"of {baseline.get('repeat')}): this runtime {one['head_ms']:.2f} "
+                f"ms, the runtime at {baseline['ref']} {one['baseline_ms']:.2f} ms"
+                + (f" (ratio {ratio:.3f})" if ratio is not None else "")
+            )
     return lines
 
 

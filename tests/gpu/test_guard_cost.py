@@ -25,13 +25,13 @@ difference against the same captures with following turned off,
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 
 import pytest
 import torch
 
 from tests.gpu import async_copies
+from tests.gpu.start_up_cost import capture_size
 from vllm_capture_guard.tools import cost
 from vllm_capture_guard.tools.cost import account
 
@@ -65,28 +65,6 @@ def _python_speed() -> float:
     return best
 
 
-def _capture_all(builders, buffers, batch, fill: bool = True) -> float:  # noqa: ANN001
-    """One size, as the runner captures it: the seconds inside the calls."""
-    from vllm.config import set_current_vllm_config
-
-    if fill:  # the harness's refill copies synchronously; the runner's does not
-        buffers.fill(batch)
-    base = buffers.common_metadata(batch)
-    if getattr(base, "seq_lens_cpu_upper_bound", None) is not None:
-        # as vLLM's runner hands them: the upper bound is seq_lens_cpu itself
-        base.seq_lens_cpu_upper_bound = base._seq_lens_cpu
-    spent = 0.0
-    for _, builder in builders:
-        cm = copy.copy(base)  # the runner's per-group shallow copy
-        with set_current_vllm_config(builder.vllm_config):
-            t0 = time.perf_counter()
-            builder.build_for_cudagraph_capture(cm)
-            spent += time.perf_counter() - t0
-    # the guard kept the host offsets through every builder's capture
-    assert base.query_start_loc_cpu.tolist() == batch.offsets(), batch
-    return spent
-
-
 @pytest.fixture(scope="module")
 def setup(gpu_results):
     from vllm_capture_guard.tools import harness as sc
@@ -115,7 +93,7 @@ def _start_up(builders, buffers, batches, follow: bool) -> tuple[dict, float]:  
     with account() as spent, contextlib.ExitStack() as stack:
         if not follow:
             stack.enter_context(cost.unfollowed())
-        captures = sum(_capture_all(builders, buffers, b) for b in batches)
+        captures = sum(capture_size(builders, buffers, b) for b in batches)
     torch.cuda.synchronize()
     return _spent(spent), captures
 
@@ -159,7 +137,7 @@ def test_a_dummy_batch_does_not_wait_for_the_forward_in_flight(setup, backend):
 
     _, groups, buffers, results = setup
     batch = sc.Batch(1)
-    _capture_all(groups[backend], buffers, batch)  # warm: not a first call
+    capture_size(groups[backend], buffers, batch)  # warm: not a first call
     buffers.fill(batch)
     torch.cuda.synchronize()
     start, end = (
@@ -170,7 +148,7 @@ def test_a_dummy_batch_does_not_wait_for_the_forward_in_flight(setup, backend):
     torch.cuda._sleep(FORWARD_CYCLES)  # the forward pass still in flight
     end.record()
     with account() as phases:
-        captures = _capture_all(groups[backend], buffers, batch, fill=False)
+        captures = capture_size(groups[backend], buffers, batch, fill=False)
         in_flight = not end.query()  # the forward had not ended when they returned
     torch.cuda.synchronize()
     spent = _spent(phases)
