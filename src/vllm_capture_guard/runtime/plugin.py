@@ -11,8 +11,7 @@ import importlib.metadata
 import logging
 
 from vllm_capture_guard.runtime import hooks, logs, patching, switch
-
-PREFIX = logs.PREFIX
+from vllm_capture_guard.runtime.logs import PREFIX
 
 #: The list of patches, imported only once the plugin acts.
 PATCHES_MODULE = "vllm_capture_guard.runtime.patches"

@@ -521,3 +521,30 @@ def test_vllms_real_captures_queue_nothing_to_wait_for(
     assert [(w.events, w.unfollowed) for w in waits] == [({}, None)] * 2
     assert all(w.ranges for w in waits)
     assert shared.query_start_loc_cpu.tolist() == batch.offsets()
+
+
+def test_a_mode_that_fails_to_enter_is_never_exited(monkeypatch, caplog):
+    """Following the copies fails as it starts: the capture runs, the guard
+    waits for the stream instead, and the torch-function modes of whoever
+    called stay as they were (none popped)."""
+    shared = harness.shared_metadata(harness.Batch(4))
+    order = _waiting(monkeypatch, lambda device, order: order.append(device))
+
+    class FailsToEnter(torch.overrides.TorchFunctionMode):
+        def __enter__(self):  # noqa: ANN204
+            raise RuntimeError("cannot follow here")
+
+    class Caller(torch.overrides.TorchFunctionMode):  # vLLM's, or another's
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(copies, "follow", lambda watch: FailsToEnter())
+    depth = torch._C._len_torch_function_stack()
+    with Caller(), caplog.at_level(logging.INFO):
+        inside = torch._C._len_torch_function_stack()
+        assert guarded_call.run(_zeroes, "FailsToEnter", shared) == "built"
+        assert torch._C._len_torch_function_stack() == inside
+    assert torch._C._len_torch_function_stack() == depth
+    assert order == ["cuda:0"]  # it waited for the stream
+    assert shared.query_start_loc_cpu.tolist() == harness.Batch(4).offsets()
+    assert not any("could not stop following" in r.getMessage() for r in caplog.records)

@@ -49,12 +49,12 @@ def run(capture: Any, owner: str, metadata: Any, *args: Any, **kw: Any) -> Any:
         why = f"could not read the metadata for {owner}'s capture ({short_error(e)})"
         warn_once(f"{why}; it ran unguarded, and may change what other builders read")
         return capture(metadata, *args, **kw)
-    mode = None
     try:  # follow the copies; where it cannot, it waits for the stream instead
         mode = copies.follow(saved.watch)
         if mode is not None:
             mode.__enter__()
-    except Exception as e:  # mode is None: not entered
+    except Exception as e:
+        mode = None  # not entered, so never exited
         saved.watch.unfollowed = f"its copies could not be followed: {short_error(e)}"
     active.add(id(metadata))
     raised = True
@@ -107,19 +107,19 @@ def _wait_for_copies(owner: str, watch: Any, raised: bool) -> Exception | None:
 
 
 def _log_what_it_wrote(
-    owner: str, changes: list, not_kept: list[str], num_actual_tokens: Any
+    owner: str, changes: list[restore.SavedValue], not_kept: list[str], tokens: Any
 ) -> None:
     with LOCK:
         seen = SEEN.setdefault(owner, BuilderSeen())
         seen.calls += 1
         new = [c.field for c in changes if c.field not in seen.wrote]
-        seen.wrote.update(dict.fromkeys(new, num_actual_tokens))
+        seen.wrote.update(dict.fromkeys(new, tokens))
         first_call = seen.calls == 1
-    capture, size = f"{owner}'s capture", num_actual_tokens
+    capture = f"{owner}'s capture"  # size: the batch's num_actual_tokens
     if new:
-        log_once(f"{capture} wrote {', '.join(new)} (size {size}); {KEPT}")
+        log_once(f"{capture} wrote {', '.join(new)} (size {tokens}); {KEPT}")
     elif first_call:
-        log_once(f"{capture}, watched: it wrote no shared host value (size {size})")
+        log_once(f"{capture}, watched: it wrote no shared host value (size {tokens})")
     if not_kept:
         fields = ", ".join(not_kept)
         warn_once(f"{capture}: could not keep {fields} from the other builders")

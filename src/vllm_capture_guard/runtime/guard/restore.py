@@ -15,8 +15,7 @@ from vllm_capture_guard.runtime.guard import copies
 from vllm_capture_guard.runtime.guard.metadata import fields_of, is_host_field
 from vllm_capture_guard.runtime.logs import short_error
 
-#: Values that cannot be changed in place: nothing to save.
-PLAIN = frozenset({type(None), bool, int, float, str})
+PLAIN = frozenset({type(None), bool, int, float, str})  # nothing to change in place
 
 
 @dataclasses.dataclass(slots=True)
@@ -36,14 +35,14 @@ class Saved:
 
 
 def save(metadata: Any) -> Saved:
-    """The host values of ``metadata``, and the watch on their copies. Host values
-    are every CPU tensor or array where the device offsets are on an accelerator;
-    on the CPU, those named as host values and all inside a container of it."""
+    """The host values of ``metadata``, and the watch on their copies: every
+    array and container, and each CPU tensor where the device offsets are on an
+    accelerator, else those named as host values or held in a container."""
     fields, torch = fields_of(metadata), sys.modules.get("torch")
     offsets = fields.get("query_start_loc")  # on the device the capture uses
     on_device = not getattr(offsets, "is_cpu", True)
     watch = copies.watch(offsets.device) if on_device else None
-    follow = watch if type(watch) is copies.Watch else None  # pinned bytes to note
+    pinned = watch if type(watch) is copies.Watch else None  # notes pinned bytes
     tensor = torch.Tensor if torch is not None else ()
     saved, unsaved, device_fields, seen = [], [], [], set()
     # (field, value, whether it is held in a dict, list or tuple of the metadata)
@@ -56,11 +55,11 @@ def save(metadata: Any) -> Saved:
         try:
             if isinstance(value, tensor):
                 if not value.is_cpu:
-                    if follow is not None:  # is it a view of the saved bytes?
+                    if pinned is not None:  # is it a view of the saved bytes?
                         device_fields.append((name, value))
                 elif on_device or in_a_container or is_host_field(name):
                     address = _dense_tensor_address(value, torch)
-                    saved.append(_save(name, value, address, value.clone, follow))
+                    saved.append(_save(name, value, address, value.clone, pinned))
             elif isinstance(value, (dict, list, tuple)):
                 items = value.items() if isinstance(value, dict) else enumerate(value)
                 queue.extend([(f"{name}[{k!r}]", v, True) for k, v in items])
@@ -68,11 +67,11 @@ def save(metadata: Any) -> Saved:
                     saved.append(SavedValue(name, value, copy.copy(value), None))
             elif hasattr(value, "__array__") and hasattr(value, "copy"):  # numpy
                 address = _dense_array_address(value)
-                saved.append(_save(name, value, address, value.copy, follow))
+                saved.append(_save(name, value, address, value.copy, pinned))
         except Exception as e:  # that value alone goes unsaved
             unsaved.append(f"{name} ({short_error(e)})")
-    if follow is not None:
-        watch = follow.settled(device_fields)
+    if pinned is not None:
+        watch = pinned.settled(device_fields)
     return Saved(saved, unsaved, watch, fields.get("num_actual_tokens", "?"))
 
 
@@ -84,21 +83,24 @@ def _dense_tensor_address(value: Any, torch: Any) -> int:
 
 def _dense_array_address(value: Any) -> int:
     """A numpy array's first byte where dense, writeable and of plain values."""
+    flags = value.flags  # what has none is no array: it goes unsaved
     dense = type(value) is sys.modules["numpy"].ndarray
-    dense = dense and value.flags.c_contiguous and value.flags.writeable
+    dense = dense and flags.c_contiguous and flags.writeable
     return _address(value) if dense and not value.dtype.hasobject else 0
 
 
-def _save(name: str, value: Any, address: int, copy_of: Any, follow: Any) -> Any:
-    """Its bytes where ``address`` is set, else ``copy_of()``; noted on ``follow``."""
+def _save(name: str, value: Any, address: int, copy_of: Any, pinned: Any) -> SavedValue:
+    """Its bytes where ``address`` is set, else ``copy_of()``; noted on ``pinned``."""
     if not address:
-        if follow is not None:
-            follow.add(name, value)
-        return SavedValue(name, value, copy_of(), None)
+        saved = SavedValue(name, value, copy_of(), None)
+        if pinned is not None:
+            pinned.add(name, value)
+        return saved
     size = value.nbytes
-    if follow is not None:
-        follow.add(name, value, (address, address + size))
-    return SavedValue(name, value, string_at(address, size), address)
+    saved = SavedValue(name, value, string_at(address, size), address)
+    if pinned is not None:
+        pinned.add(name, value, (address, address + size))
+    return saved
 
 
 def _address(value: Any) -> int:
