@@ -6,8 +6,13 @@ times and paths taken out, so that a refactor can show it changed nothing.
     diff -ru OLD_DIR NEW_DIR
 
 Each command's file holds its exit status, its stdout and the guard's own
-stderr lines (log lines from the text after ``vllm-capture-guard:``, so that a
-moved line, which changes vLLM's ``[file:line]`` prefix, reads the same)."""
+stderr lines (a log line as its level and its text after
+``vllm-capture-guard:``, so that a moved line, which changes vLLM's
+``[file:line]`` prefix, reads the same).
+
+For an older commit, run this script from a checkout of that commit with its
+own venv (``git worktree add DIR COMMIT``, copy this file there, ``make env``),
+so that its own code prints."""
 
 from __future__ import annotations
 
@@ -42,10 +47,21 @@ def normalise(text: str, paths: dict[str, str]) -> str:
     return TIME.sub("<time>", JSON_TIME.sub(r"\1<time>", text))
 
 
+#: vLLM's log prefix: its level, then the date, time and ``[file:line]``.
+VLLM_PREFIX = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+ \S+ \[[^]]+\] ")
+
+
 def ours(stderr: str) -> str:
-    """The guard's own stderr lines, each from where our name starts."""
-    lines = [line[line.index(OURS) :] for line in stderr.splitlines() if OURS in line]
-    return "\n".join(line.removeprefix(f"{OURS}: ") for line in lines)
+    """The guard's own stderr lines: a log line as its level and its text after
+    our name (a moved line changes only the ``[file:line]`` taken out)."""
+    lines = []
+    for line in stderr.splitlines():
+        if OURS not in line:
+            continue
+        level = VLLM_PREFIX.match(line)
+        text = line[line.index(OURS) :].removeprefix(f"{OURS}: ")
+        lines.append(f"{level.group(1)} {text}" if level else text)
+    return "\n".join(lines)
 
 
 def run(version: str, args: list[str], envs: Path) -> str:

@@ -7,7 +7,10 @@ tree is given). Only ``vllm_capture_guard/runtime`` differs between the two
 guarded runs (``--baseline-src``: this checkout's ``src`` with the baseline's
 runtime in it); tools and tests are this checkout's.
 
-The cost of each is its least guarded start-up minus the least unguarded one.
+The cost of each is its least guarded start-up minus the least unguarded
+one. Unguarded, 0.28.0 crashes at capture (the bug), so there the reference
+is the in-tree form: a copy of that vLLM patched by ``patch --apply``, guard
+off. On 0.34.0 it is stock vLLM, guard off.
 Written to ``--out``: every run, and per path and backend the two costs in
 milliseconds and their ratio (the goal: this checkout at most 1.05 times the
 baseline).
@@ -18,8 +21,10 @@ baseline).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,10 +41,31 @@ PATHS = (
 VARIANTS = ("off", "baseline", "head")
 
 
+def in_tree_copy(scratch: Path) -> Path:
+    """A copy of the installed vLLM with the in-tree fix applied: its folder."""
+    installed = Path(importlib.util.find_spec("vllm").origin).parent
+    copy = scratch / "in-tree"
+    shutil.copytree(
+        installed, copy / "vllm", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    patch = [sys.executable, "-m", "vllm_capture_guard", "patch"]
+    for mode, want in (("--apply", 0), ("--check", 0)):
+        done = subprocess.run(
+            [*patch, mode, "--tree", str(copy / "vllm")], capture_output=True, text=True
+        )
+        if done.returncode != want:
+            raise SystemExit(
+                f"patch {mode}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+            )
+    return copy
+
+
 def _run(args, path: tuple, variant: str, out: Path) -> dict:  # noqa: ANN001
     name, mode, release, extra = path
     env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
     parts = env.get("PYTHONPATH", "").split(os.pathsep)
+    if variant == "off" and release is None:  # the installed release: in-tree fix
+        parts.insert(0, str(args.in_tree))
     if variant == "baseline":  # the same path, the baseline's runtime in src
         parts = [args.baseline_src if p == args.head_src else p for p in parts]
         assert args.baseline_src in parts, parts
@@ -94,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = [p for p in paths if p[2] is None or (trees / f"vllm-{p[2]}").is_dir()]
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
+        args.in_tree = in_tree_copy(Path(scratch))
         for round_ in range(args.rounds):
             for path in paths:
                 # the order turns each round, so that drift falls on every variant

@@ -16,8 +16,7 @@ stays valid and its replay reads the kept host values, as 0.29.0's capture
 would; beside another thread's capture, that graph stays valid. Taking out
 the following of the copies (``GPU_TIER_MUTATE=unfollowed``) fails every case
 that copies behind a busy stream; leaving the capture mode as it is fails the
-last. (This module runs after ``test_graph_replay.py``, whose fixture must be
-the first in the session to load the plugin.)
+last.
 """
 
 from __future__ import annotations
