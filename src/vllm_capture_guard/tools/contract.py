@@ -35,7 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_capture_guard.runtime.guard.metadata import is_host_field
+try:
+    from vllm_capture_guard.runtime.guard.metadata import is_host_field
+except ImportError:  # an older runtime (the GPU start-up comparison's baseline)
+    from vllm_capture_guard.runtime.guard import is_host_field
 
 
 class Choice(str, enum.Enum):

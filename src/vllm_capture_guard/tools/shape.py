@@ -26,7 +26,10 @@ import textwrap
 import types
 from collections.abc import Callable
 
-from vllm_capture_guard.runtime.guard.metadata import HOST_NAMES, is_host_field
+try:
+    from vllm_capture_guard.runtime.guard.metadata import HOST_NAMES, is_host_field
+except ImportError:  # an older runtime (the GPU start-up comparison's baseline)
+    from vllm_capture_guard.runtime.guard import HOST_NAMES, is_host_field
 
 __all__ = ["HOST_NAMES", "fixed_shape", "is_host_field"]
 
