@@ -241,6 +241,11 @@ baseline() {
   rm -rf "$overlay" && cp -r "$dest/repo/src" "$overlay"
   rm -rf "$overlay/vllm_capture_guard/runtime"
   cp -r "$dest/baseline/src/vllm_capture_guard/runtime" "$overlay/vllm_capture_guard/"
+  # Today's tools take their string enum from runtime/logs.py. An older runtime
+  # has none; it gets today's, which that runtime itself never imports.
+  if [[ ! -e $overlay/vllm_capture_guard/runtime/logs.py ]]; then
+    cp "$dest/repo/src/vllm_capture_guard/runtime/logs.py" "$overlay/vllm_capture_guard/runtime/"
+  fi
   echo "baseline $ref: start-up cost, this runtime beside that one"
   (cd "$dest/repo" && python3 -m tests.gpu.compare_start_up \
     --baseline-src "$overlay" --head-src "$dest/repo/src" \

@@ -7,7 +7,7 @@ logs.
 A quoted line is a line of a fenced code block that starts with a log level
 and ``...`` and holds ``vllm-capture-guard:``, such as::
 
-    INFO ... vllm-capture-guard: rocm-attn-cpu-offsets: patched (...) on vLLM 0.28.0
+    INFO ... vllm-capture-guard: builder-capture-guard: patched (...) on vLLM 0.28.0
 
 Each ``...`` in it stands for any text (vLLM's time, file and line, or a
 part left out). The run is ``VLLM_CAPTURE_GUARD=on vllm-capture-guard check

@@ -79,24 +79,37 @@ def _seed_summary(result) -> dict:
     return out
 
 
+def read_facts() -> dict:
+    """The patches in the runtime's order, those that name no attention backend
+    (the affected cell shows what is read of their sites), and what the tools
+    read of each patch's sites (call it before the plugin patches anything)."""
+    from vllm_capture_guard.runtime.patches import PATCHES
+    from vllm_capture_guard.tools import fixes
+
+    return {
+        "patches": [p.name for p in PATCHES],
+        "read_only": [p.name for p in PATCHES if not p.backends],
+        "read": {
+            p.name: [dataclasses.asdict(r) for r in fixes.module_of(p).readings()]
+            for p in PATCHES
+        },
+    }
+
+
 def facts() -> dict:
     """What the guard finds and does on the vLLM of this interpreter."""
     import vllm.plugins
 
     from vllm_capture_guard.runtime import plugin, switch
     from vllm_capture_guard.runtime.guard import guarded_call
-    from vllm_capture_guard.runtime.patches import PATCHES
-    from vllm_capture_guard.tools import harness, static
+    from vllm_capture_guard.tools import harness
     from vllm_capture_guard.tools.check import run_seed
     from vllm_capture_guard.tools.harness import runners, seed_backends
 
     os.environ[switch.ENV] = switch.Mode.ON.value
     runner = runners.choose(harness.make_vllm_config(0, graphs=True))
     unguarded = _seed_summary(run_seed())  # before the plugin loads
-    read = {
-        "rocm-attn-cpu-offsets": [dataclasses.asdict(r) for r in static.host_writers()],
-        "graph-capture-stream": [dataclasses.asdict(r) for r in static.stream_sites()],
-    }
+    read = read_facts()  # before the plugin patches anything
     vllm.plugins.load_general_plugins()  # as a worker does
     guarded = _seed_summary(run_seed())
     report = plugin.report()
@@ -105,8 +118,7 @@ def facts() -> dict:
         "runner": [runner.name, runner.why],
         "backends": list(seed_backends()),
         "unguarded": unguarded,
-        "read": read,
-        "patches": [p.name for p in PATCHES],
+        **read,
         "guard_action": report.action,
         "outcomes": {
             name: [o.status.value, o.detail] for name, o in report.outcomes.items()
@@ -350,13 +362,19 @@ def _patches(f: dict) -> str:
     return "<br>".join(cells)
 
 
-def _stream_read(f: dict) -> list[str]:
-    """The affected cell's line for the capture stream, by reading its sites."""
-    sites = f["read"]["graph-capture-stream"]
-    bad = [s["where"] for s in sites if s["needed"]]
-    if not bad:
-        return [f"capture stream: passes a stream ({len(sites)} sites, read)"]
-    return [f"capture stream: **passes none** ({len(bad)}/{len(sites)} sites, read)"]
+def _read_only(f: dict) -> list[str]:
+    """The affected cell's line for each patch that names no attention backend
+    (no capture of the seed scenario shows it): what the tools read of its
+    sites."""
+    lines = []
+    for name in f["read_only"]:
+        sites = f["read"][name]
+        bad = [s["where"] for s in sites if s["needed"]]
+        if bad:
+            lines.append(f"{name}: **needed** ({len(bad)}/{len(sites)} sites, read)")
+        else:
+            lines.append(f"{name}: not needed ({len(sites)} sites, read)")
+    return lines
 
 
 def _in_tree(f: dict) -> str:
@@ -372,7 +390,9 @@ def table_section(results: dict) -> str:
     holds it."""
     affected = {
         v: any(e.get("errors") for e in r["facts"]["unguarded"].values())
-        or any(s["needed"] for s in r["facts"]["read"]["graph-capture-stream"])
+        or any(
+            s["needed"] for n in r["facts"]["read_only"] for s in r["facts"]["read"][n]
+        )
         for v, r in results.items()
     }
     lines = [
@@ -387,7 +407,7 @@ def table_section(results: dict) -> str:
         f = r["facts"]
         unguarded = "<br>".join(
             [f"{b}: {_capture(f['unguarded'], b)}" for b in f["backends"]]
-            + _stream_read(f)
+            + _read_only(f)
         )
         guarded = "<br>".join(
             f"{b}: {_capture(f['guarded'], b)}" for b in f["backends"]

@@ -61,6 +61,8 @@ def test_check_json_is_a_summary_per_check_and_backend():
     assert len(proc.stdout) < 16_000, len(proc.stdout)  # --trace has every size
     found = json.loads(proc.stdout)
     assert found["ok"] is True and "runs" not in found
+    assert found["former_names"] == {"rocm-attn-cpu-offsets": "builder-capture-guard"}
+    assert found["checks"][0]["fix"] == "builder-capture-guard"
     sizes = found["capture_sizes"]
     assert (sizes["largest"], sizes["smallest"]) == (512, 1) and sizes["count"] >= 50
     names = [c["name"] for c in found["checks"]]

@@ -118,10 +118,13 @@ def test_status_json_is_one_object(vllm_version):
     assert result["mode"] == "auto"
     assert result["protected"] in ("yes", "not affected"), result
     assert [p["name"] for p in result["patches"]] == [
-        "rocm-attn-cpu-offsets",
+        "builder-capture-guard",
         "rocm-aiter-unified-builder",
         "graph-capture-stream",
     ]
+    # renamed after 0.1.0: both names, for monitoring that matches either
+    assert result["former_names"] == {"rocm-attn-cpu-offsets": "builder-capture-guard"}
+    assert result["patches"][0]["former_names"] == ["rocm-attn-cpu-offsets"]
 
 
 def test_patch_help_is_plain_text_with_exit_codes(capsys):

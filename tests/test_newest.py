@@ -89,7 +89,7 @@ CHECK = {
 STATUS = {
     "protected": "not affected",
     "affected": False,
-    "patches": [{"name": "rocm-attn-cpu-offsets", "status": "not needed"}],
+    "patches": [{"name": "builder-capture-guard", "status": "not needed"}],
 }
 GENERIC = {
     "rc": 0,
@@ -318,7 +318,7 @@ def test_status_verdict_and_a_fix_it_could_not_read():
         **STATUS,
         "patches": [
             {
-                "name": "rocm-attn-cpu-offsets",
+                "name": "builder-capture-guard",
                 "status": "not read here",
                 "detail": "cannot import vllm.v1.attention.backends.rocm_attn",
             }
@@ -327,7 +327,7 @@ def test_status_verdict_and_a_fix_it_could_not_read():
     assert drifts(results(), results("0.35.0", status=unread)) == [
         (
             "status's verdict",
-            "rocm-attn-cpu-offsets: not needed -> not read here (cannot import "
+            "builder-capture-guard: not needed -> not read here (cannot import "
             "vllm.v1.attention.backends.rocm_attn)",
         )
     ]

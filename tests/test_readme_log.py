@@ -71,7 +71,7 @@ def test_times_are_written_as_dots():
 
 
 LOGGED = [
-    "INFO ... [plugin.py:97] vllm-capture-guard: rocm-attn-cpu-offsets: patched "
+    "INFO ... [plugin.py:97] vllm-capture-guard: builder-capture-guard: patched "
     "(every builder's capture) on vLLM 0.28.0",
     "INFO ... [base.py:116] vllm-capture-guard: RocmAttentionMetadataBuilder's "
     "capture wrote query_start_loc_cpu (size 512); kept from the other builders",
@@ -82,7 +82,7 @@ LOGGED = [
     ("quoted", "found"),
     [
         (
-            "INFO ... vllm-capture-guard: rocm-attn-cpu-offsets: patched (...) on "
+            "INFO ... vllm-capture-guard: builder-capture-guard: patched (...) on "
             "vLLM 0.28.0",
             True,
         ),
@@ -98,11 +98,11 @@ LOGGED = [
             False,
         ),
         (
-            "WARNING ... vllm-capture-guard: rocm-attn-cpu-offsets: patched (...) "
+            "WARNING ... vllm-capture-guard: builder-capture-guard: patched (...) "
             "on vLLM 0.28.0",
             False,
         ),
-        ("INFO ... vllm-capture-guard: rocm-attn-cpu-offsets: patched", False),
+        ("INFO ... vllm-capture-guard: builder-capture-guard: patched", False),
     ],
 )
 def test_a_quoted_line_matches_a_logged_line_whole(quoted, found):

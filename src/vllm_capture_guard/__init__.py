@@ -6,4 +6,4 @@ Importing this package imports neither vLLM nor torch; the vLLM plugin entry
 point is :func:`vllm_capture_guard.runtime.plugin.register`.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -93,7 +93,7 @@ def guard(gpu_results):
     took = (Status.PATCHED, Status.ALREADY, Status.NOT_NEEDED, Status.INCOMPLETE)
     took += (Status.UNAVAILABLE,)  # a patch whose module vLLM has not imported yet
     assert all(o.status in took for o in applied.values()), applied
-    assert applied["rocm-attn-cpu-offsets"].status in (Status.PATCHED, Status.ALREADY)
+    assert applied["builder-capture-guard"].status in (Status.PATCHED, Status.ALREADY)
     from vllm.platforms import current_platform
 
     props = torch.cuda.get_device_properties(0)

@@ -133,9 +133,9 @@ def test_four_threads_register_one_layer(fresh_plugin, unpatched):
     wrapper = cls.__dict__["build_for_cudagraph_capture"]
     assert wrapper.__vllm_capture_guard_original__ is capture
     assert original_of(wrapper) is capture
-    infos = [r for r in fresh_plugin.records if "rocm-attn-cpu-offsets" in r.message]
+    infos = [r for r in fresh_plugin.records if "builder-capture-guard" in r.message]
     assert len(infos) == 1
-    assert revert(by_name("rocm-attn-cpu-offsets"))
+    assert revert(by_name("builder-capture-guard"))
     assert cls.__dict__["build_for_cudagraph_capture"] is capture
 
 
@@ -187,7 +187,7 @@ def test_revert_stops_pending_hooks(fresh_plugin, unpatched):
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
 
     capture = RocmAttentionMetadataBuilder.__dict__["build_for_cudagraph_capture"]
-    patch = by_name("rocm-attn-cpu-offsets")
+    patch = by_name("builder-capture-guard")
     plugin.register()
     assert revert(patch)
     # a later import, or the capture entry, applies again: the patch stays out
@@ -216,7 +216,7 @@ def test_unrecognisable_backend_module_is_failed_not_not_needed(
     report = plugin.report()
     assert report.action == "failed", report.message
     assert "not needed" not in report.message
-    assert report.outcomes["rocm-attn-cpu-offsets"].status.value == "patched"
+    assert report.outcomes["builder-capture-guard"].status.value == "patched"
     warnings = [r for r in fresh_plugin.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, [w.getMessage() for w in warnings]
     assert "rocm-aiter-unified-builder: failed (LookupError" in warnings[0].getMessage()
@@ -235,6 +235,39 @@ def test_unknown_name_in_disable_warns_with_the_patches(
     assert "rocm_attn_cpu_offsets" in warning
     for patch in patches_pkg.PATCHES:
         assert patch.name in warning
+
+
+def test_former_name_in_disable_switches_the_patch_off_with_one_warning(
+    monkeypatch, fresh_plugin, unpatched
+):
+    """The capture guard was called rocm-attn-cpu-offsets up to 0.1.0: an image
+    that sets the old name gets the guard switched off, as before, and one
+    WARNING that names the new name; the same lines for status and check."""
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
+
+    from vllm_capture_guard.tools.guard import warnings
+
+    capture = RocmAttentionMetadataBuilder.__dict__["build_for_cudagraph_capture"]
+    monkeypatch.setenv(switch.DISABLE_ENV, " Rocm-Attn-CPU-Offsets ")
+    plugin.register()
+    plugin.register()  # loaded twice in one process: still one WARNING
+    plugin.apply_all()
+    report = plugin.report()
+    assert report.outcomes["builder-capture-guard"].status.value == "disabled"
+    assert RocmAttentionMetadataBuilder.__dict__["build_for_cudagraph_capture"] is (
+        capture
+    )
+    said = [
+        r.getMessage()
+        for r in fresh_plugin.records
+        if r.levelno == logging.WARNING and switch.DISABLE_ENV in r.getMessage()
+    ]
+    assert len(said) == 1, said
+    assert "rocm-attn-cpu-offsets, renamed builder-capture-guard" in said[0]
+    assert "names no patch" not in said[0]
+    assert [w for w in warnings() if switch.DISABLE_ENV in w] == [
+        said[0].split("vllm-capture-guard: ", 1)[1]
+    ]
 
 
 FACTORY = """

@@ -21,7 +21,9 @@ import pytest
 from tests.tools import variations as var
 from tests.tools.overlay import release_base, source_checkout
 from vllm_capture_guard.tools.cli import main
-from vllm_capture_guard.tools.tree import aiter_builder, cpu_offsets, files, model
+from vllm_capture_guard.tools.fixes import builder_capture_guard as cpu_offsets
+from vllm_capture_guard.tools.fixes import rocm_aiter_unified_builder as aiter_builder
+from vllm_capture_guard.tools.tree import files, model
 from vllm_capture_guard.tools.tree.locate import find_tree
 from vllm_capture_guard.tools.tree.plan import FILES, make_plan
 
@@ -67,11 +69,18 @@ def affected(tmp_path) -> Path:
 
 
 def test_names_are_the_runtime_patches_names():
+    """Each in-tree fix is named as its patch, or (the capture guard's, which
+    is exactly PR #51585) as its patch was up to 0.1.0; same PR."""
+    from vllm_capture_guard.runtime.patches import PATCHES
     from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as rt
-    from vllm_capture_guard.tools.fixes import by_name
+    from vllm_capture_guard.tools.fixes import module_of
 
-    for fix in (cpu_offsets, aiter_builder):
-        assert by_name(fix.FIX).pr == fix.PR
+    for patch in PATCHES:
+        fix = module_of(patch)
+        if fix.TREE_FILES:
+            assert fix.FIX in (patch.name, *patch.former_names), fix.FIX
+            assert patch.pr == fix.PR, fix.FIX
+    assert cpu_offsets.FIX == "rocm-attn-cpu-offsets"  # trees patched by 0.1.0
     assert aiter_builder.BUILDER == rt.BUILDER  # upstream's class name
 
 

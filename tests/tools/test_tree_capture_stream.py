@@ -14,9 +14,10 @@ import pytest
 
 from tests.tools.overlay import ROOT, make_overlay, overlay_env, release_base, run_in
 from tests.tools.test_tree import make_tree, patch, release_files, state
-from vllm_capture_guard.tools.tree import capture_stream as cs_fix
+from vllm_capture_guard.tools.fixes import graph_capture_stream as cs_fix
 from vllm_capture_guard.tools.tree import model
 from vllm_capture_guard.tools.tree.plan import FILES
+from vllm_capture_guard.tools.tree.source import Source
 
 AFFECTED = ("0.27.1", "0.28.0")
 FIXED = ("0.29.0", "0.33.0")
@@ -95,8 +96,16 @@ def _aliased_torch(raw: bytes) -> bytes:
     return raw.replace(b"\nimport torch\n", b"\nimport torch as torch\n")
 
 
+def _stream_none(raw: bytes) -> bytes:
+    old = b"torch.cuda.graph(graph, self.pool)"
+    assert raw.count(old) == 1, "the installed file changed"
+    return raw.replace(old, b"torch.cuda.graph(graph, self.pool, stream=None)")
+
+
 VARIANTS = {
     "call over several lines": (_multiline, "the call spans several lines"),
+    # still torch's side stream: 0.1.0 read it as fixed upstream
+    "a stream of None": (_stream_none, "passes a stream of None"),
     "current_stream already bound": (_name_taken, "current_stream is already used"),
     "torch aliased": (_aliased_torch, "no `import torch` at module level"),
 }
@@ -159,3 +168,64 @@ def test_patched_tree_captures_on_the_current_stream(version, tmp_path):
         found[step] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(None in s for s in found["before"].values()), found
     assert all(set(s) == {"current"} for s in found["after"].values()), found
+
+
+def test_status_and_patch_read_a_call_with_the_same_reader(monkeypatch, tmp_path):
+    """One reader of a ``torch.cuda.graph(...)`` call: ``status`` hands it the
+    calls of the imported function's source, ``patch`` those of the file's
+    bytes. A literal ``None`` stream is no stream for both."""
+    calls = {
+        "torch.cuda.graph(g, pool)": False,
+        "torch.cuda.graph(g, pool, None)": False,
+        "torch.cuda.graph(g, pool, stream=None)": False,
+        "torch.cuda.graph(g, pool, stream=s)": True,
+        "torch.cuda.graph(g, pool, s)": True,
+        "torch.cuda.graph(g, stream=current_stream())": True,
+    }
+    for text, passes in calls.items():
+        (call,) = cs_fix.graph_calls(ast.parse(text))
+        assert cs_fix.passes_stream(call) is passes, text
+    raw = SITE.encode()
+    path = tmp_path / "site.py"
+    path.write_bytes(raw)
+    namespace: dict = {}
+    exec(compile(raw, str(path), "exec"), namespace)
+    function = namespace["Manager"].capture
+
+    def readings() -> tuple[bool | None, model.State]:
+        status = cs_fix._read_site("Manager.capture", function).needed
+        src = Source.parse(path, "site.py", raw)
+        return status, cs_fix.inspect(src, "site.py", "Manager", "capture").state
+
+    assert readings() == (False, model.UPSTREAM)
+    monkeypatch.setattr(cs_fix, "passes_stream", lambda call: False)
+    # both follow the one reader: needed, and refused (the call names a stream)
+    assert readings() == (True, model.UNRECOGNISED)
+
+
+SITE = """
+import torch
+
+
+class Manager:
+    def capture(self, graph, stream):
+        with torch.cuda.graph(graph, stream=stream):
+            pass
+"""
+
+
+def test_status_and_patch_check_agree_on_this_release():
+    """On the installed vLLM (each release of the matrix): each capture site
+    that ``status`` reads as needing the fix is one ``patch --check`` would
+    edit, and each it reads as fixed is fixed upstream for ``patch`` too."""
+    from vllm_capture_guard.tools.tree.locate import find_tree
+    from vllm_capture_guard.tools.tree.plan import make_plan
+
+    read = {r.where: r.needed for r in cs_fix.readings() if r.importable}
+    assert read, "no capture site could be read here"
+    found = [f for f in make_plan(find_tree()).findings if f.fix == cs_fix.FIX]
+    in_tree = {f"{cls}.{method}": f.state for (_, cls, method), f in zip(
+        cs_fix.SITES, found, strict=True)}  # fmt: skip
+    for where, needed in read.items():
+        expected = model.NEEDED if needed else model.UPSTREAM
+        assert in_tree[where] == expected, (where, needed, in_tree[where])

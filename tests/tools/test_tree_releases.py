@@ -140,7 +140,7 @@ def test_runtime_guard_has_nothing_to_do_and_status_sees_the_tree(patched):
     out = patched.status.stdout
     assert patched.status.returncode == 0, out + patched.status.stderr[-2000:]
     # the guard's own probe ran the patched capture: nothing written
-    assert "rocm-attn-cpu-offsets: not needed" in out
+    assert "builder-capture-guard: not needed" in out
     assert "rocm-aiter-unified-builder: not needed" in out
     assert "affected:    no" in out
     assert "in-tree fix: yes: this vLLM's files carry the backports" in out

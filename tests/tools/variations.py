@@ -14,8 +14,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 
-from vllm_capture_guard.tools.tree import aiter_builder as ab
-from vllm_capture_guard.tools.tree import cpu_offsets as co
+from vllm_capture_guard.tools.fixes import builder_capture_guard as co
+from vllm_capture_guard.tools.fixes import rocm_aiter_unified_builder as ab
 
 Files = dict[str, bytes]
 ATTN, AITER = co.FILE, ab.FILE

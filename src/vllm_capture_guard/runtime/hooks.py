@@ -32,7 +32,7 @@ def _run(name: str, module: ModuleType, pending: list[Pending]) -> None:
                 on_error(name, e)
 
 
-def _take(name: str) -> list[Pending]:
+def _take(name: str) -> list[Pending]:  # the hooks of ``name``, once
     with _lock:
         return _pending.pop(name, [])
 

@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The guard's log: vLLM's logger and format, each message said once a process."""
+"""The guard's log: vLLM's logger and format, each message said once a process;
+and :class:`Words`, what a status or a mode is, printed as its words."""
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 
@@ -32,6 +34,12 @@ def warn_once(message: str) -> None:
     """Log ``message`` at WARNING, once per process."""
     if _first_time(message):
         LOG.warning(f"{PREFIX}: {message}")
+
+
+class Words(str, enum.Enum):
+    """A string enum printed as its value (``enum.StrEnum`` before 3.11)."""
+
+    __str__, __format__ = str.__str__, str.__format__
 
 
 def short_error(error: BaseException) -> str:

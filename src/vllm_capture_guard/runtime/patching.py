@@ -6,7 +6,6 @@ install carries :data:`MARKER`, which holds what it replaced."""
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import sys
 import threading
@@ -14,6 +13,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from vllm_capture_guard.runtime import hooks, switch
+from vllm_capture_guard.runtime.logs import Words
 
 #: On each function we install: what it replaced there, or None.
 MARKER = "__vllm_capture_guard_original__"
@@ -21,7 +21,7 @@ LOCK = threading.RLock()
 OURS = "vllm_capture_guard"  # the package whose classes are never patched
 
 
-class Status(str, enum.Enum):
+class Status(Words):
     NEEDED = "needed"
     PATCHED = "patched"
     ALREADY = "already patched"
@@ -30,9 +30,6 @@ class Status(str, enum.Enum):
     DISABLED = "disabled"
     INCOMPLETE = "incomplete"  # patched in part: its WARNING says what is left
     FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +83,11 @@ class Patch:
     """One fix. ``plan`` says NEEDED, ALREADY or NOT_NEEDED; ``install`` does it."""
 
     name: ClassVar[str]  # in log lines, status and VLLM_CAPTURE_GUARD_DISABLE
+    former_names: ClassVar[tuple[str, ...]] = ()  # still switch it off, with a WARNING
     pr: ClassVar[str]  # the upstream pull request, e.g. "#51585"
     modules: ClassVar[tuple[str, ...]]  # the vLLM modules whose import applies it
+    backends: ClassVar[tuple[str, ...]] = ()  # the attention backends it fixes
+    targets: ClassVar[tuple[tuple[str, str], ...]] = ()  # (module, class) it changes
     reverted: bool = False  # set by the tools' revert; apply() clears it
 
     def plan(self, module: ModuleType) -> Outcome:
@@ -98,7 +98,7 @@ class Patch:
 
     def decide(self) -> Outcome:
         """What the imported code needs; changes nothing."""
-        if self.name in switch.disabled_patches():
+        if {self.name, *self.former_names} & switch.disabled_patches():
             why = f"listed in {switch.DISABLE_ENV}; vLLM's code is unchanged"
             return Outcome(self.name, Status.DISABLED, why)
         for name in self.modules:  # the first one vLLM has imported

@@ -6,7 +6,6 @@ and sets post-import hooks; each patch applies when vLLM imports what it changes
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.metadata
 import logging
 
@@ -100,14 +99,6 @@ def apply_all(log: logging.Logger | None = None, when: str = "") -> None:
             log.info(f"{PREFIX}: {outcome} on vLLM {vllm_version()}{when}")
 
 
-def _apply_on_import(log: logging.Logger, _module: object) -> None:
-    apply_all(log)
-
-
-def _hook_failed(log: logging.Logger, name: str, error: BaseException) -> None:
-    _fail(log, f"hook for {name}", error)
-
-
 def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
     if mode is switch.Mode.OFF:
         return Report("off", "disabled", f"{switch.ENV}=off; vLLM is unchanged")
@@ -117,14 +108,19 @@ def _arm(mode: switch.Mode, log: logging.Logger) -> Report:
             why = f"platform is {name}, not ROCm (set {switch.ENV}=on to act anyway)"
             return Report("auto", "skipped", why)
     patches = importlib.import_module(PATCHES_MODULE)
-    if unknown := patches.unknown_disabled():
-        log.warning(f"{PREFIX}: {unknown}")
+    for problem in patches.switch_problems():
+        log.warning(f"{PREFIX}: {problem}")
     global _report
     _report = Report(mode.value, "armed", "waiting for vLLM to import what it fixes")
     for patch in patches.PATCHES:
         patch.reverted = False  # armed now: a revert() from before does not count
-    apply_on_import = functools.partial(_apply_on_import, log)
-    on_error = functools.partial(_hook_failed, log)
+
+    def apply_on_import(_module: object) -> None:
+        apply_all(log)
+
+    def on_error(name: str, error: BaseException) -> None:
+        _fail(log, f"hook for {name}", error)
+
     for name in sorted({m for p in patches.PATCHES for m in p.modules}):
         hooks.when_imported(name, apply_on_import, on_error)
     return _report

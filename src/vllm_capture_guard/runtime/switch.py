@@ -5,20 +5,18 @@ ROCm only), ``on`` (``1``, ``true``, ``yes``) or ``off`` (``0``, ``false``, ``no
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Mapping
+
+from vllm_capture_guard.runtime.logs import Words
 
 ENV, DISABLE_ENV = "VLLM_CAPTURE_GUARD", "VLLM_CAPTURE_GUARD_DISABLE"
 ECHO_LIMIT = 64  # at most this many characters of a bad value are echoed
 _SPACE = " \t\n\r\x0b\x0c"  # what str.strip() removes, less non-ASCII spaces
 
 
-class Mode(str, enum.Enum):
+class Mode(Words):
     AUTO, ON, OFF = "auto", "on", "off"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _WORDS = {"auto": Mode.AUTO, **dict.fromkeys(("on", "1", "true", "yes"), Mode.ON)}

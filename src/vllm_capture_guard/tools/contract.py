@@ -35,22 +35,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from vllm_capture_guard.runtime.logs import Words
+
 try:
     from vllm_capture_guard.runtime.guard.metadata import is_host_field
 except ImportError:  # an older runtime (the GPU start-up comparison's baseline)
     from vllm_capture_guard.runtime.guard import is_host_field
 
 
-class Choice(str, enum.Enum):
-    """A string enum whose text is its value (``enum.StrEnum`` before 3.11)."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = str.__format__
-
-
-class Side(Choice):
+class Side(Words):
     """Where a value lives for the kernels: host memory or the device."""
 
     CPU = "cpu"
@@ -203,7 +196,7 @@ def encode(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) -> 
     return {"kind": kind, "type": type(value).__qualname__, "fields": fields}
 
 
-class Change(Choice):
+class Change(Words):
     """What differs at one path of two encoded values."""
 
     VALUES = "values"  # a tensor's or array's values (same dtype and shape)

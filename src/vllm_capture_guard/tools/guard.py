@@ -208,11 +208,11 @@ def warnings(told: Story | None = None) -> list[str]:
     value, ``VLLM_CAPTURE_GUARD_DISABLE`` names that are no patch (the plugin
     logs both only where it acts, and the tools keep vLLM's log quiet), and
     the plugin's own warnings and failures in this process."""
-    from vllm_capture_guard.runtime.patches import unknown_disabled
+    from vllm_capture_guard.runtime.patches import switch_problems
     from vllm_capture_guard.runtime.plugin import report
 
     found = [told.mode_problem if told else switch.read_mode()[1]]
-    found.append(unknown_disabled())
+    found += switch_problems()
     done = report()
     if done is not None:
         found += [

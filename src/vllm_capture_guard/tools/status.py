@@ -7,9 +7,9 @@ also when it could not run). "cannot judge": a fix's code could not be read
 on this host (its module does not import here) and the guard does not
 install that fix here, so whether this vLLM needs it is not known.
 
-* *Affected* is read from vLLM's source (:mod:`.static`), never from its
-  version: each fix is needed, may be needed (the reading is in doubt), or
-  not needed. ``check`` runs the capture itself.
+* *Affected* is read from vLLM's source (each fix's ``readings()`` in
+  :mod:`.fixes`), never from its version: each fix is needed, may be
+  needed (the reading is in doubt), or not needed. ``check`` runs the capture itself.
 * *Protected*: the plugins are then loaded by vLLM's own loader, as ``check``
   loads them (off ROCm, ``auto`` counts as on: the ROCm path, simulated), and
   every fix this vLLM needs must come out installed. So a guard left out by
@@ -34,14 +34,6 @@ from vllm_capture_guard.runtime import switch
 from vllm_capture_guard.runtime.plugin import PREFIX, vllm_version
 from vllm_capture_guard.tools.guard import PLUGINS_ENV, story
 
-#: Per patch: what a needed fix prevents, in the words of its failure.
-CONSEQUENCE = {
-    "rocm-attn-cpu-offsets": "later builders read it (MiniMax-M3: "
-    "assert decode_query_len > 0)",
-    "rocm-aiter-unified-builder": "the AITER kernel reads it at replay",
-    "graph-capture-stream": "capture runs on torch's side stream (AITER: splitk "
-    "workspace not initialized for the current CUDA stream)",
-}
 NEEDED, MAYBE, NOT_NEEDED, NOT_READ = (
     "needed",
     "may be needed",
@@ -66,17 +58,7 @@ class Need:
         return self.state in (NEEDED, MAYBE)
 
 
-def _readings() -> dict[str, list[Any]]:
-    from vllm_capture_guard.tools import static
-
-    return {
-        "rocm-attn-cpu-offsets": static.host_writers(),
-        "rocm-aiter-unified-builder": static.offset_writers(),
-        "graph-capture-stream": static.stream_sites(),
-    }
-
-
-def _need(name: str, pr: str, readings: list[Any]) -> Need:
+def _need(name: str, pr: str, readings: list[Any], consequence: str) -> Need:
     """One fix's line: each distinct reading once, with what it names."""
     read = [r for r in readings if r.importable]
     if any(r.needed for r in read):
@@ -91,7 +73,7 @@ def _need(name: str, pr: str, readings: list[Any]) -> Need:
     parts = [f"{', '.join(where)}: {why}" for (_, why), where in groups.items()]
     text = "; ".join(parts)
     if state == NEEDED:
-        text += f"; {CONSEQUENCE.get(name, 'see its patch')}"
+        text += f"; {consequence}"
     gone = [f"{r.where} ({r.why})" for r in readings if not r.importable]
     if gone:  # NOT_READ says so already
         said = "" if state == NOT_READ else "not read here: "
@@ -101,13 +83,14 @@ def _need(name: str, pr: str, readings: list[Any]) -> Need:
 
 def needs() -> list[Need]:
     """Per patch, in the runtime's order: needed by this vLLM's source?"""
-    from vllm_capture_guard.runtime.patches import PATCHES
+    from vllm_capture_guard.tools import fixes
 
     found = []
-    readings = _readings()
-    for patch in PATCHES:
+    for patch in fixes.all_patches():
         try:
-            found.append(_need(patch.name, patch.pr, readings.get(patch.name, [])))
+            fix = fixes.module_of(patch)
+            need = _need(patch.name, patch.pr, fix.readings(), fix.CONSEQUENCE)
+            found.append(need)
         except Exception as e:
             why = f"could not read ({type(e).__name__}: {e})"
             found.append(Need(patch.name, patch.pr, MAYBE, why[:300]))
@@ -202,6 +185,7 @@ def facts() -> dict[str, Any]:
     """What ``status`` reports, as one JSON-able dict (``exit``: its code)."""
     from vllm_capture_guard.runtime.plugin import report
     from vllm_capture_guard.tools import support
+    from vllm_capture_guard.tools.fixes import by_name, former_names
     from vllm_capture_guard.tools.guard import warnings
     from vllm_capture_guard.tools.tree.command import status_line
 
@@ -224,6 +208,7 @@ def facts() -> dict[str, Any]:
         "patches": [
             {
                 "name": n.name,
+                "former_names": list(by_name(n.name).former_names),
                 "pr": n.pr,
                 "status": n.state,
                 "detail": n.detail,
@@ -231,6 +216,7 @@ def facts() -> dict[str, Any]:
             }
             for n in found
         ],
+        "former_names": former_names(),
         "affected": any(n.affects for n in found),
         "in_tree_fix": in_tree,
         "mode": told.mode,

@@ -118,7 +118,7 @@ def _total(result: SeedResult, runs: list[SeedRun]) -> int:
 
 
 def _indexer(backend: str, runs: list[SeedRun], unit: str, total: int) -> Judgement:
-    patch = _patch("rocm-attn-cpu-offsets")
+    patch = _patch("builder-capture-guard")
     bad = [r for r in runs if not r.ok]
     found = Judgement(
         f"MiniMax-M3 indexer after {backend}", patch.name, patch.pr,
@@ -197,7 +197,7 @@ def judge(result: SeedResult) -> list[Judgement]:
             found.append(_indexer(backend, runs, unit, _total(result, runs)))
         else:  # could not be made here, or the runner captured nothing with it
             name = f"MiniMax-M3 indexer after {backend}"
-            fix = _patch("rocm-attn-cpu-offsets")
+            fix = _patch("builder-capture-guard")
             why = result.unavailable.get(backend, "no capture ran")
             found.append(Judgement(name, fix.name, fix.pr, None, 0, 0, unit, note=why))
     for backend in fixes.backends(_patch("rocm-aiter-unified-builder")):
@@ -257,7 +257,7 @@ def _verdict(judgements: list[Judgement]) -> str:
         return "verdict: " + cannot_judge_reason(judgements)
     crashes = []
     for j in failed:
-        if j.fix != "rocm-attn-cpu-offsets" or j.kind != "start-up":
+        if j.fix != "builder-capture-guard" or j.kind != "start-up":
             continue
         if "minimax_m3/common/indexer.py" in (j.failure or ""):  # the seed crash
             crash = f"MiniMax-M3 ({INDEXER_CRASH})"
@@ -343,6 +343,7 @@ def summary(result: SeedResult) -> dict[str, Any]:
         "guard": result.guard,
         "guard_line": result.guard_line,
         "guard_warnings": result.guard_warnings,
+        "former_names": fixes.former_names(),
         "capture_sizes": {
             "count": len(sizes),
             "largest": sizes[0] if sizes else None,

@@ -29,7 +29,7 @@ from vllm_capture_guard.tools.fixes import by_name
 from vllm_capture_guard.tools.revert import revert
 
 METHOD = "build_for_cudagraph_capture"
-PATCH = by_name("rocm-attn-cpu-offsets")
+PATCH = by_name("builder-capture-guard")
 
 
 def _ours_warned(record) -> bool:  # noqa: ANN001

@@ -48,11 +48,11 @@ def test_unguarded_release_as_read_by_the_tools(unguarded, affected):
     """Each site passes the current stream (fixed) or none at all (the bug);
     the tools' reading of the source says the same; the patch itself goes on
     every site, whatever the reading."""
-    from vllm_capture_guard.tools import static
+    from vllm_capture_guard.tools.fixes import graph_capture_stream as fix
 
     for site, found in unguarded.items():
         assert set(found["streams"]) in ({"current"}, {None}), (site, found)
-    read = static.stream_sites()
+    read = fix.readings()
     assert len(read) == len(PRESENT) and all(r.needed is affected for r in read), read
     assert inspect(PATCH).status is Status.NEEDED
 

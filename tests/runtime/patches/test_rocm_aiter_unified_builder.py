@@ -18,7 +18,7 @@ from vllm_capture_guard.tools.fixes import by_name
 from vllm_capture_guard.tools.revert import revert
 
 PATCH = by_name("rocm-aiter-unified-builder")
-CPU_PATCH = by_name("rocm-attn-cpu-offsets")
+CPU_PATCH = by_name("builder-capture-guard")
 
 
 @pytest.fixture

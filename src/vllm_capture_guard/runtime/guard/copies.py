@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The copies and the wait. While a capture runs, a ``TorchFunctionMode``
-records an event after each copy from or into the saved pinned bytes, on the
-copy's stream, and the guard waits on those events alone. Where it cannot see
-the copies (a raw pointer or a custom op, a device tensor over those bytes), it
-waits for the metadata's stream instead."""
+"""The copies and the wait. While a capture runs, a ``TorchFunctionMode`` records
+an event after each copy from or into the saved pinned bytes, on its stream; the
+guard waits on those events alone. Where it cannot see the copies (a raw pointer,
+a custom op, a device tensor over those bytes), it waits for the stream."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Where the guard is installed: on every builder that ``AttentionGroup`` makes,
-on every builder class with a capture of its own, and on each such class as
-Python makes it. The guarded call itself is :mod:`.guarded_call`."""
+"""Where the guard is installed: on every builder that ``AttentionGroup`` makes, on
+every builder class with a capture of its own, and on each as Python makes it."""
 
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ UTILS, GROUP = "vllm.v1.worker.utils", "AttentionGroup"
 MAKE = "create_metadata_builders"
 BASE, BUILDER = "vllm.v1.attention.backend", "AttentionMetadataBuilder"
 BACKENDS = ("rocm_attn", "rocm_aiter_unified_attn")  # their import applies it too
+ROCM = "vllm.v1.attention.backends.rocm_attn"
 PLUGIN = "vllm_capture_guard.runtime.plugin"
 DETAIL = (
     "every metadata builder's capture puts back the host values it changed in place, "
@@ -83,9 +83,8 @@ def builder_classes() -> list[type]:
 
 
 def _guarding_the_builders_made(make: Any) -> Any:
-    """``AttentionGroup.create_metadata_builders``: every patch applied before
-    it (before the backend's ``get_builder_cls()`` is asked), and each builder it
-    made guarded after."""
+    """``AttentionGroup.create_metadata_builders``: every patch applied before it
+    asks ``get_builder_cls()``, and each builder it made guarded after."""
 
     def create_metadata_builders(self, *args, **kwargs):
         plugin = sys.modules.get(PLUGIN)
@@ -113,25 +112,22 @@ class GuardPlan:  # what is left to guard: None or empty where guarded already
     root: type | None  # vLLM's builder base, to guard classes as Python makes them
 
 
-class CaptureGuard(patching.Patch):  # under the name operators know it by
-    name, pr = "rocm-attn-cpu-offsets", guarded_call.PR
+class CaptureGuard(patching.Patch):
+    name, former_names = "builder-capture-guard", ("rocm-attn-cpu-offsets",)
+    pr, backends = guarded_call.PR, ("ROCM_ATTN", "ROCM_AITER_UNIFIED_ATTN")
     modules = (UTILS, BASE, *(f"vllm.v1.attention.backends.{m}" for m in BACKENDS))
+    targets = ((ROCM, "RocmAttentionMetadataBuilder"), (ROCM, "RocmAttentionBackend"))
 
     def plan(self, module: types.ModuleType) -> patching.Outcome:
         group = getattr(sys.modules.get(UTILS), GROUP, None)
         make = vars(group).get(MAKE) if isinstance(group, type) else None
         root = getattr(sys.modules.get(BASE), BUILDER, None)
         hook = vars(root).get("__init_subclass__") if isinstance(root, type) else None
+        guarded = patching.is_guarded
         todo = GuardPlan(
-            group=group if make is not None and not patching.is_guarded(make) else None,
-            classes=[
-                c
-                for c in builder_classes()
-                if not patching.is_guarded(c.__dict__[METHOD])
-            ],
-            root=root
-            if isinstance(root, type) and not patching.is_guarded(hook)
-            else None,
+            group=group if make is not None and not guarded(make) else None,
+            classes=[c for c in builder_classes() if not guarded(vars(c)[METHOD])],
+            root=root if isinstance(root, type) and not guarded(hook) else None,
         )
         warning = None
         if UTILS in sys.modules and make is None:

@@ -91,15 +91,14 @@ def _dense_array_address(value: Any) -> int:
 
 def _save(name: str, value: Any, address: int, copy_of: Any, pinned: Any) -> SavedValue:
     """Its bytes where ``address`` is set, else ``copy_of()``; noted on ``pinned``."""
-    if not address:
-        saved = SavedValue(name, value, copy_of(), None)
-        if pinned is not None:
-            pinned.add(name, value)
-        return saved
-    size = value.nbytes
-    saved = SavedValue(name, value, string_at(address, size), address)
-    if pinned is not None:
-        pinned.add(name, value, (address, address + size))
+    if address:
+        size = value.nbytes
+        saved = SavedValue(name, value, string_at(address, size), address)
+        bounds = (address, address + size)
+    else:
+        saved, bounds = SavedValue(name, value, copy_of(), None), None
+    if pinned is not None:  # once saved: a copy is taken before anything else
+        pinned.add(name, value, bounds)
     return saved
 
 

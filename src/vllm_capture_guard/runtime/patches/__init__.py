@@ -16,11 +16,16 @@ PATCHES: tuple[patching.Patch, ...] = (
     stream.GraphCaptureStream(),
 )
 NAMES = frozenset(p.name for p in PATCHES)
+FORMER_NAMES = {former: p.name for p in PATCHES for former in p.former_names}
 
 
-def unknown_disabled() -> str | None:
-    """Names in ``VLLM_CAPTURE_GUARD_DISABLE`` that are no patch, or None."""
-    if unknown := ", ".join(sorted(switch.disabled_patches() - NAMES)):
-        known, env = ", ".join(sorted(NAMES)), switch.DISABLE_ENV
-        return f"{env} names no patch: {unknown} (the patches are {known})"
-    return None
+def switch_problems() -> list[str]:
+    """What ``VLLM_CAPTURE_GUARD_DISABLE`` lists by a former name, or is no patch."""
+    listed, env, found = switch.disabled_patches(), switch.DISABLE_ENV, []
+    for old in sorted(listed & FORMER_NAMES.keys()):
+        new = FORMER_NAMES[old]
+        found.append(f"{env} names {old}, renamed {new}: {new} is off; use its name")
+    if unknown := ", ".join(sorted(listed - NAMES - FORMER_NAMES.keys())):
+        known = ", ".join(sorted(NAMES))
+        found.append(f"{env} names no patch: {unknown} (the patches are {known})")
+    return found

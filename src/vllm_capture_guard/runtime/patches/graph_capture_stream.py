@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Capture CUDA graphs on the current stream (backport of PR #53818, in 0.29.0;
-delete when 0.29.0 is the oldest supported): without a stream torch captures on
-its own side stream, where AITER has no split-K workspace. Each site gets a copy
-of its function reading ``torch``, ``torch.cuda`` and ``torch.cuda.graph`` (any
-name) as stand-ins that fill in ``current_stream()``; torch is never changed."""
+delete when 0.29.0 is the oldest supported): torch's own side stream has no AITER
+split-K workspace. Each site gets a copy of its function reading ``torch``,
+``torch.cuda`` and ``torch.cuda.graph`` as stand-ins that fill in the stream."""
 
 from __future__ import annotations
 
@@ -135,6 +134,7 @@ def loaded_sites() -> list[tuple[str, type, str]]:
 class GraphCaptureStream(patching.Patch):
     name, pr = "graph-capture-stream", "#53818"
     modules = tuple(dict.fromkeys(m for m, _, _ in SITES))
+    targets = tuple((module, cls) for module, cls, _ in SITES)  # no backend's fix
 
     def plan(self, module: types.ModuleType) -> patching.Outcome:
         todo, done, gaps = [], [], []

@@ -1,10 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """``ROCM_AITER_UNIFIED_ATTN`` gets upstream's builder (backport of PR #53821, in
-0.29.0; delete when 0.29.0 is the oldest supported). On 0.27/0.28 that backend
-uses the ROCm builder, whose capture zeroes the device offsets that its kernel
-reads. Its ``get_builder_cls()`` now returns a subclass with upstream's capture
-(``build(0)``, ``seq_lens`` set to 1); a vendor's capture replaced gets a
-WARNING."""
+0.29.0; delete when 0.29.0 is the oldest supported). On 0.27/0.28 it uses the
+ROCm builder, whose capture zeroes the device offsets its kernel reads. Its
+``get_builder_cls()`` now returns a subclass with upstream's capture (``build(0)``,
+``seq_lens`` set to 1); a vendor's capture replaced gets a WARNING."""
 
 from __future__ import annotations
 
@@ -68,7 +67,8 @@ def backends() -> list[type]:
 
 class RocmAiterUnifiedBuilder(patching.Patch):
     name, pr = "rocm-aiter-unified-builder", PR
-    modules = (MODULE,)
+    modules, backends = (MODULE,), ("ROCM_AITER_UNIFIED_ATTN",)
+    targets = ((MODULE, BACKEND),)
 
     def plan(self, module: ModuleType) -> patching.Outcome:
         if not isinstance(getattr(module, BACKEND, None), type):

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import re
 
-from vllm_capture_guard.tools.contract import Choice
+from vllm_capture_guard.runtime.logs import Words
 
 
-class Cause(Choice):
+class Cause(Words):
     PLACEHOLDER = "placeholder"
     PACKAGE = "package"
     COMPILED = "compiled extension"

@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_capture_guard.tools.contract import Choice, FieldWrite
+from vllm_capture_guard.runtime.logs import Words
+from vllm_capture_guard.tools.contract import FieldWrite
 
 
-class Severity(Choice):
+class Severity(Words):
     """How a later builder's metadata after a capture differs from alone."""
 
     #: it raises after this capture (and not alone): startup dies.
@@ -35,7 +36,7 @@ class Severity(Choice):
 SEVERITY = tuple(Severity)
 
 
-class Verdict(Choice):
+class Verdict(Words):
     """A backend's verdict, worst first."""
 
     HAZARD = "HAZARD"
@@ -45,7 +46,7 @@ class Verdict(Choice):
     NOT_RUN = "not run"
 
 
-class Built(Choice):
+class Built(Words):
     BUILT = "built"
     SKIPPED = "skipped"
 

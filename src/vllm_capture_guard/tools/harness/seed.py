@@ -2,7 +2,7 @@
 """The seed scenario: a backend's builder, then MiniMax-M3's indexer, on
 shared runner buffers, in the runner's capture order.
 
-The backends come from the patches (``tools.fixes.BACKENDS``): a new backport's
+The backends come from the patches (each patch's ``backends``): a new backport's
 backends are covered by ``check``, the oracle and the version matrix without
 editing them.
 """

@@ -7,13 +7,16 @@ For image builders who would rather ship a patched vLLM than load a plugin:
 (:mod:`vllm_capture_guard.runtime.patches`) make it do, and what vLLM 0.29.0
 does:
 
-* :mod:`.cpu_offsets` (vLLM PR #51585): ``RocmAttentionMetadataBuilder``'s
+* ``rocm-attn-cpu-offsets`` (vLLM PR #51585; the in-tree form of the capture
+  guard, :mod:`..fixes.builder_capture_guard`): ``RocmAttentionMetadataBuilder``'s
   capture stops zeroing the shared ``query_start_loc_cpu``; it still zeroes the
   device ``query_start_loc`` (the #25985 guard);
-* :mod:`.aiter_builder` (vLLM PR #53821): ``RocmAiterUnifiedAttentionBackend``
+* ``rocm-aiter-unified-builder`` (vLLM PR #53821,
+  :mod:`..fixes.rocm_aiter_unified_builder`): ``RocmAiterUnifiedAttentionBackend``
   gets its own ``RocmAiterUnifiedAttentionMetadataBuilder``, whose capture sets
   ``seq_lens`` to 1 and leaves ``query_start_loc`` alone;
-* :mod:`.capture_stream` (vLLM PR #53818): the three ``torch.cuda.graph(...)``
+* ``graph-capture-stream`` (vLLM PR #53818, :mod:`..fixes.graph_capture_stream`):
+  the three ``torch.cuda.graph(...)``
   calls of Model Runner V2's, the encoder's and Gemma4's capture pass
   ``stream=current_stream()``.
 
@@ -35,8 +38,8 @@ do not recognise, or that the tree holds only as bytecode, is refused
 written.
 
 Modules: :mod:`.locate` (which tree), :mod:`.source` (a file, its ``ast``,
-line edits, markers), :mod:`.cpu_offsets`, :mod:`.aiter_builder` and
-:mod:`.capture_stream` (one fix each), :mod:`.plan` (every fix over a tree),
+line edits, markers), :mod:`.plan` (every fix over a tree; each fix's own
+reading and edit is in its module of :mod:`vllm_capture_guard.tools.fixes`),
 :mod:`.files` (all-or-nothing atomic writes, originals, bytecode, the lock),
 :mod:`.command` (the subcommand).
 """

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 
+from vllm_capture_guard.runtime.logs import Words
 from vllm_capture_guard.tools.tree.source import Edit
 
 
-class State(str, enum.Enum):
+class State(Words):
     """What one file is, for one fix."""
 
     #: The file has the bug and we recognise it: the fix applies.
@@ -23,19 +23,13 @@ class State(str, enum.Enum):
     #: The file is not one we recognise: we refuse, and write nothing.
     UNRECOGNISED = "not recognised"
 
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
 
 NEEDED, APPLIED, UPSTREAM, ABSENT, UNRECOGNISED = State
 
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    fix: str  # the runtime patch's name, e.g. "rocm-attn-cpu-offsets"
+    fix: str  # the in-tree fix's name, e.g. "rocm-attn-cpu-offsets"
     pr: str  # "#51585"
     rel: str  # the file, relative to the tree's root
     state: State

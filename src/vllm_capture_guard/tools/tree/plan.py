@@ -11,24 +11,16 @@ file is still exactly what ``--apply`` made of its saved original.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-from vllm_capture_guard.tools.tree import (
-    aiter_builder,
-    capture_stream,
-    cpu_offsets,
-    model,
-)
+from vllm_capture_guard.tools import fixes
+from vllm_capture_guard.tools.tree import model
 from vllm_capture_guard.tools.tree.locate import Tree
 from vllm_capture_guard.tools.tree.source import Source, Unrecognised
 
-#: (fix name, upstream PR, file inside the vllm package), in dependency order.
-FIXES = (
-    (cpu_offsets.FIX, cpu_offsets.PR, cpu_offsets.FILE),
-    (aiter_builder.FIX, aiter_builder.PR, aiter_builder.FILE),
-    *((capture_stream.FIX, capture_stream.PR, f) for f in capture_stream.FILES),
-)
-FILES = tuple(inside for _, _, inside in FIXES)
+#: The fixes with an in-tree form, in the runtime's order (each may read what
+#: the ones before it found), and the files inside the vllm package they edit.
+TREE_FIXES = tuple(m for m in fixes.modules() if m.TREE_FILES)
+FILES = tuple(inside for fix in TREE_FIXES for inside in fix.TREE_FILES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,30 +79,10 @@ def inspect_bytes(tree: Tree, data: Data) -> list[model.Finding]:
             sources[inside] = Source.parse(tree.path(inside), tree.rel(inside), raw)
         except Unrecognised as e:
             broken[inside] = str(e)
-    a_rel, b_rel = tree.rel(cpu_offsets.FILE), tree.rel(aiter_builder.FILE)
-
-    def unrecognised(fix: Any, rel: str) -> model.Finding:
-        why = broken[fix.FILE]
-        return model.Finding(fix.FIX, fix.PR, rel, model.UNRECOGNISED, why)
-
-    capture = None
-    if cpu_offsets.FILE in broken:
-        a = unrecognised(cpu_offsets, a_rel)
-    else:
-        a, capture = cpu_offsets.inspect(sources[cpu_offsets.FILE], a_rel)
-    if aiter_builder.FILE in broken:
-        b = unrecognised(aiter_builder, b_rel)
-    else:
-        b = aiter_builder.inspect(sources[aiter_builder.FILE], b_rel, capture)
-    found = [a, b]
-    for inside, cls, method in capture_stream.SITES:  # independent of the above
-        rel = tree.rel(inside)
-        if inside in broken:
-            why = broken[inside]
-            found.append(model.Finding(capture_stream.FIX, capture_stream.PR, rel,
-                                       model.UNRECOGNISED, why))  # fmt: skip
-        else:
-            found.append(capture_stream.inspect(sources[inside], rel, cls, method))
+    found: list[model.Finding] = []
+    context: dict = {}  # what one fix's findings leave for the next
+    for fix in TREE_FIXES:
+        found += fix.tree_findings(sources, broken, tree, context)
     return found
 
 

@@ -1,8 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""In-tree backport of vLLM PR #53818: capture CUDA graphs on the current
-stream.
+"""What the tools know of runtime patch ``graph-capture-stream``
+(:mod:`vllm_capture_guard.runtime.patches.graph_capture_stream`), a fix that is
+no attention backend's (its patch names no backend, so ``check`` drives its
+sites in :mod:`..harness.streams`):
 
-Files (:data:`SITES`): ``vllm/v1/worker/gpu/cudagraph_utils.py``
+* :func:`passes_stream`, the one reader of a ``torch.cuda.graph(...)`` call:
+  ``status`` hands it the calls in the imported function's source
+  (:func:`readings`), ``patch`` the calls in the file's bytes; a literal
+  ``None`` stream is no stream for both;
+* the in-tree form (:data:`TREE_FILES`, :func:`tree_findings`): vLLM PR #53818,
+  capture CUDA graphs on the current stream;
+* :func:`undo`, and :data:`CONSEQUENCE` in ``status``'s words.
+
+The in-tree form. Files (:data:`SITES`): ``vllm/v1/worker/gpu/cudagraph_utils.py``
 (``CudaGraphManager.capture``), ``vllm/v1/worker/encoder_cudagraph.py``
 (``EncoderCudaGraphManager._capture_budget_graph``) and
 ``vllm/v1/spec_decode/gemma4.py``
@@ -30,8 +40,14 @@ Recognised, by structure (anything else is refused):
 from __future__ import annotations
 
 import ast
+import inspect as source_of
+import textwrap
+from typing import Any
 
+from vllm_capture_guard.runtime import patching
 from vllm_capture_guard.runtime.patches import graph_capture_stream as runtime
+from vllm_capture_guard.tools import static
+from vllm_capture_guard.tools.support import module_exists
 from vllm_capture_guard.tools.tree import model
 from vllm_capture_guard.tools.tree.source import (
     PROJECT,
@@ -42,6 +58,84 @@ from vllm_capture_guard.tools.tree.source import (
     marker,
 )
 
+CONSEQUENCE = (
+    "capture runs on torch's side stream (AITER: splitk "
+    "workspace not initialized for the current CUDA stream)"
+)
+
+
+def graph_calls(node: ast.AST) -> list[ast.Call]:
+    """Every ``torch.cuda.graph(...)`` call inside ``node``."""
+    return [
+        n
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.cuda.graph"
+    ]
+
+
+def _stream_argument(call: ast.Call) -> ast.expr | None:
+    """What the call passes as its stream (third argument or ``stream=``)."""
+    if len(call.args) >= 3:
+        return call.args[2]
+    return next((k.value for k in call.keywords if k.arg == "stream"), None)
+
+
+def _is_none(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+def passes_stream(call: ast.Call) -> bool:
+    """Whether the call passes a stream that is not a literal ``None``."""
+    stream = _stream_argument(call)
+    return stream is not None and not _is_none(stream)
+
+
+def readings() -> list[static.Reading]:
+    """Per capture site of PR #53818 that this vLLM has, in vLLM's order (a
+    site whose module the release no longer has is no site of it)."""
+    found = []
+    for module, cls_name, name in runtime.SITES:
+        if not module_exists(module):
+            continue
+        where = f"{cls_name}.{name}"
+        mod = static.import_to_read(module)
+        if isinstance(mod, str):
+            found.append(static.Reading(where, None, mod, importable=False))
+            continue
+        cls = getattr(mod, cls_name, None)
+        fn = vars(cls).get(name) if isinstance(cls, type) else None
+        if fn is None:
+            found.append(static.Reading(where, None, f"{module} has no {where}"))
+            continue
+        found.append(_read_site(where, patching.original_of(fn)))
+    return found
+
+
+def _read_site(where: str, fn: Any) -> static.Reading:
+    try:
+        text = textwrap.dedent(source_of.getsource(source_of.unwrap(fn)))
+        calls = graph_calls(ast.parse(text))
+    except (OSError, TypeError, SyntaxError) as e:
+        return static.Reading(where, None, f"source unreadable ({type(e).__name__})")
+    if not calls:
+        return static.Reading(where, None, "no torch.cuda.graph(...) call to read")
+    if all(passes_stream(c) for c in calls):
+        return static.Reading(where, False, "passes a stream to torch.cuda.graph")
+    return static.Reading(where, True, "calls torch.cuda.graph with no stream")
+
+
+def undo() -> bool:
+    """Each site's own function back."""
+    undone = False
+    for _where, cls, name in runtime.loaded_sites():
+        function = cls.__dict__[name]
+        if patching.is_guarded(function):
+            setattr(cls, name, getattr(function, patching.MARKER))
+            undone = True
+    return undone
+
+
+# The in-tree form (PR #53818).
 FIX, PR = runtime.GraphCaptureStream.name, runtime.GraphCaptureStream.pr
 #: (file inside the vllm package, class, method): the runtime patch's sites
 SITES = tuple(
@@ -49,24 +143,17 @@ SITES = tuple(
     for module, cls, method in runtime.SITES
 )
 FILES = tuple(f for f, _, _ in SITES)
+TREE_FILES = FILES
 NAME = "current_stream"
 IMPORT = f"from vllm.utils.torch_utils import {NAME}".encode()
 ARG = f"stream={NAME}()".encode()
 
 
 def _graph_calls(src: Source, fn: ast.FunctionDef) -> list[ast.Call]:
-    calls = [
-        n
-        for n in ast.walk(fn)
-        if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.cuda.graph"
-    ]
+    calls = graph_calls(fn)
     if not calls:
         raise Unrecognised(f"{src.rel}:{fn.lineno}: no torch.cuda.graph(...) call")
     return calls
-
-
-def _has_stream(call: ast.Call) -> bool:
-    return len(call.args) >= 3 or any(k.arg == "stream" for k in call.keywords)
 
 
 def _ours(call: ast.Call) -> bool:
@@ -131,10 +218,16 @@ def _inspect(src: Source, cls: str, method: str, finding) -> model.Finding:
     calls = _graph_calls(src, fn)
     where = f"{cls}.{method}"
     markers = src.all_markers()
-    bare = [c for c in calls if not _has_stream(c)]
+    bare = [c for c in calls if not passes_stream(c)]
     if not markers:
         if not bare:
             return finding(model.UPSTREAM, f"{where} passes a stream")
+        named = [c for c in bare if _stream_argument(c) is not None]
+        if named:
+            raise Unrecognised(
+                f"{src.rel}:{named[0].lineno}: {where} passes a stream of None; "
+                f"this fix adds a stream only to a call that names none"
+            )
         used = binds(src.module, NAME)
         if used:
             raise Unrecognised(
@@ -168,3 +261,19 @@ def _inspect(src: Source, cls: str, method: str, finding) -> model.Finding:
             f"is not what this fix writes (edited since?)"
         )
     return finding(model.APPLIED, f"{where} passes stream={NAME}() (markers present)")
+
+
+def tree_findings(
+    sources: dict[str, Source | None], broken: dict[str, str], tree, context: dict
+) -> list[model.Finding]:
+    """Each capture site's file: what it needs (independent of the other fixes)."""
+    found = []
+    for inside, cls, method in SITES:
+        rel = tree.rel(inside)
+        if inside in broken:
+            found.append(
+                model.Finding(FIX, PR, rel, model.UNRECOGNISED, broken[inside])
+            )
+        else:
+            found.append(inspect(sources[inside], rel, cls, method))
+    return found

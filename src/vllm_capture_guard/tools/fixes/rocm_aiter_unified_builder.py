@@ -1,8 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""In-tree backport of vLLM PR #53821: ROCM_AITER_UNIFIED_ATTN gets its own
-metadata builder, whose capture leaves the query offsets alone.
+"""What the tools know of runtime patch ``rocm-aiter-unified-builder``
+(:mod:`vllm_capture_guard.runtime.patches.rocm_aiter_unified_builder`):
 
-File: ``vllm/v1/attention/backends/rocm_aiter_unified_attn.py``. In
+* :func:`readings`: ``status``'s reading of the imported AITER unified
+  backend's builder (does its capture touch ``query_start_loc``?);
+* the in-tree form (:data:`TREE_FILES`, :func:`tree_findings`): vLLM PR #53821,
+  ROCM_AITER_UNIFIED_ATTN gets its own metadata builder, whose capture leaves
+  the query offsets alone;
+* :func:`undo`, and :data:`CONSEQUENCE` in ``status``'s words.
+
+The in-tree form, in ``vllm/v1/attention/backends/rocm_aiter_unified_attn.py``: in
 0.27.x/0.28.0 ``RocmAiterUnifiedAttentionBackend.get_builder_cls()`` returns
 ``RocmAttentionMetadataBuilder``, whose capture zeroes the offsets that the
 unified kernel reads at replay. The edit inserts our own subclass, named as
@@ -35,16 +42,22 @@ Recognised, by structure (anything else is refused):
 from __future__ import annotations
 
 import ast
+import sys
 
-from vllm_capture_guard.tools.tree import model
-from vllm_capture_guard.tools.tree.cpu_offsets import (
+from vllm_capture_guard.runtime import patching
+from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as runtime
+from vllm_capture_guard.tools import revert, static
+from vllm_capture_guard.tools.fixes.builder_capture_guard import (
     CPU,
     DEVICE,
     METHOD,
+    ROCM_CAPTURE,
     Capture,
     capture_params,
     check_param_use,
 )
+from vllm_capture_guard.tools.shape import fixed_shape, is_host_field
+from vllm_capture_guard.tools.tree import model
 from vllm_capture_guard.tools.tree.source import (
     PROJECT,
     Edit,
@@ -57,9 +70,58 @@ from vllm_capture_guard.tools.tree.source import (
     mentions,
 )
 
-FIX = "rocm-aiter-unified-builder"
-PR = "#53821"
+CONSEQUENCE = "the AITER kernel reads it at replay"
+LABEL = "ROCM_AITER_UNIFIED_ATTN"
+
+
+def _offsets_or_host(name: str) -> bool:
+    return name.startswith("query_start_loc") or is_host_field(name)
+
+
+def readings() -> list[static.Reading]:
+    """The AITER unified backend (and each derived backend with a builder of
+    its own): does its builder's capture touch ``query_start_loc``?"""
+    mod = static.import_to_read(runtime.MODULE)
+    if isinstance(mod, str):
+        return [static.Reading(LABEL, None, mod, importable=False)]
+    if not isinstance(getattr(mod, runtime.BACKEND, None), type):
+        why = f"{runtime.MODULE} has no {runtime.BACKEND}"
+        return [static.Reading(LABEL, None, why)]
+    found = []
+    for backend in runtime.backends():
+        builder = backend.get_builder_cls()
+        why = fixed_shape(
+            patching.original_of(getattr(builder, static.METHOD, None)),
+            device_fields=False,
+            forbidden=_offsets_or_host,
+        )
+        label = LABEL if backend.__name__ == runtime.BACKEND else backend.__name__
+        found.append(static.capture_reading(label, builder, why, "query_start_loc"))
+    return found
+
+
+def undo() -> bool:
+    """Each backend's own ``get_builder_cls`` back, and vLLM's binding of the
+    builder's name (0.29.0 on), or none."""
+    undone = False
+    for backend in runtime.backends():
+        current = vars(backend).get(runtime.GETTER)
+        if not patching.is_guarded(current):
+            continue
+        revert.put(backend, runtime.GETTER, getattr(current.__func__, patching.MARKER))
+        name, home = runtime.builder_name(backend), sys.modules[backend.__module__]
+        if name == runtime.BUILDER:
+            revert.put(home, name, runtime.REPLACED_BINDINGS.pop(home.__name__, None))
+        vars(runtime).pop(name, None)
+        undone = True
+    return undone
+
+
+# The in-tree form (PR #53821).
+FIX = runtime.RocmAiterUnifiedBuilder.name
+PR = runtime.PR
 FILE = "v1/attention/backends/rocm_aiter_unified_attn.py"  # inside vllm/
+TREE_FILES = (FILE,)
 BACKEND = "RocmAiterUnifiedAttentionBackend"
 PARENT = "RocmAttentionMetadataBuilder"
 BUILDER = "RocmAiterUnifiedAttentionMetadataBuilder"
@@ -164,7 +226,7 @@ def _block_lines() -> list[bytes]:
 def inspect(src: Source | None, rel: str, capture: Capture | None) -> model.Finding:
     """What this tree's ``rocm_aiter_unified_attn.py`` needs; never raises.
 
-    ``capture`` is the ROCm builder's capture as :mod:`.cpu_offsets`
+    ``capture`` is the ROCm builder's capture as :mod:`.builder_capture_guard`
     recognised it (None if it did not)."""
 
     def finding(state: str, detail: str, edits: tuple[Edit, ...] = ()):
@@ -232,3 +294,14 @@ def _inspect(src: Source, capture: Capture | None, finding) -> model.Finding:
         )
     _parent_import(src, first)
     return finding(model.APPLIED, f"{where} returns our {BUILDER} (markers present)")
+
+
+def tree_findings(
+    sources: dict[str, Source | None], broken: dict[str, str], tree, context: dict
+) -> list[model.Finding]:
+    """This tree's AITER unified module: what it needs, given the ROCm capture
+    that the capture guard's in-tree form recognised (or None)."""
+    rel = tree.rel(FILE)
+    if FILE in broken:
+        return [model.Finding(FIX, PR, rel, model.UNRECOGNISED, broken[FILE])]
+    return [inspect(sources[FILE], rel, context.get(ROCM_CAPTURE))]

@@ -1,11 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
-"""In-tree backport of vLLM PR #51585: ROCM_ATTN capture keeps the CPU offsets.
+"""What the tools know of the capture guard, runtime patch
+``builder-capture-guard`` (:mod:`vllm_capture_guard.runtime.guard`), beyond
+what the runtime loads:
 
-File: ``vllm/v1/attention/backends/rocm_attn.py``. In 0.27.x/0.28.0
-``RocmAttentionMetadataBuilder.build_for_cudagraph_capture`` zeroes the device
-``query_start_loc`` (the #25985 guard) and the host ``query_start_loc_cpu``;
-0.29.0 zeroes only the device offsets. The edit removes the one statement that
-zeroes the CPU offsets and puts our marker comment in its place.
+* :func:`readings`: ``status``'s reading of the imported ROCm builders'
+  captures (does one touch a host field? :func:`.shape.fixed_shape`);
+* the in-tree form for image builders (:data:`TREE_FILES`,
+  :func:`tree_findings`): vLLM PR #51585 written into ``rocm_attn.py``. It
+  keeps its name from 0.1.0, ``rocm-attn-cpu-offsets`` (:data:`FIX`): the edit
+  is exactly that PR, while the runtime guards every builder;
+* :func:`undo`: the guard taken off again (tests and tools; vLLM never does);
+* :data:`CONSEQUENCE`: what a needed fix prevents, in ``status``'s words.
+
+The in-tree form, in ``vllm/v1/attention/backends/rocm_attn.py``: in
+0.27.x/0.28.0 ``RocmAttentionMetadataBuilder.build_for_cudagraph_capture``
+zeroes the device ``query_start_loc`` (the #25985 guard) and the host
+``query_start_loc_cpu``; 0.29.0 zeroes only the device offsets. The edit
+removes the one statement that zeroes the CPU offsets and puts our marker
+comment in its place.
 
 Recognised, by structure (anything else is refused):
 
@@ -25,7 +37,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import sys
 
+from vllm_capture_guard.runtime import patching
+from vllm_capture_guard.runtime.guard import install as guard
+from vllm_capture_guard.tools import revert, static
+from vllm_capture_guard.tools.shape import fixed_shape
 from vllm_capture_guard.tools.tree import model
 from vllm_capture_guard.tools.tree.source import (
     PROJECT,
@@ -41,9 +58,60 @@ from vllm_capture_guard.tools.tree.source import (
     walk_with_parents,
 )
 
+CONSEQUENCE = "later builders read it (MiniMax-M3: assert decode_query_len > 0)"
+
+#: The ROCm backends whose builders status reads: (module, class, registry name).
+ROCM = (
+    ("vllm.v1.attention.backends.rocm_attn", "RocmAttentionBackend", "ROCM_ATTN"),
+    (
+        "vllm.v1.attention.backends.rocm_aiter_unified_attn",
+        "RocmAiterUnifiedAttentionBackend",
+        "ROCM_AITER_UNIFIED_ATTN",
+    ),
+)
+
+
+def readings() -> list[static.Reading]:
+    """Per ROCm backend: does its builder's capture touch a host field?"""
+    found = []
+    for module, name, label in ROCM:
+        mod = static.import_to_read(module)
+        if isinstance(mod, str):
+            found.append(static.Reading(label, None, mod, importable=False))
+            continue
+        backend = getattr(mod, name, None)
+        if not isinstance(backend, type):
+            found.append(static.Reading(label, None, f"{module} has no {name}"))
+            continue
+        builder = backend.get_builder_cls()
+        why = fixed_shape(patching.original_of(getattr(builder, static.METHOD)))
+        found.append(static.capture_reading(label, builder, why, "the host fields"))
+    return found
+
+
+def undo() -> bool:
+    """Take the guard off every builder class, and off vLLM's ``AttentionGroup``
+    and builder base."""
+    group = getattr(sys.modules.get(guard.UTILS), guard.GROUP, None)
+    done = isinstance(group, type) and revert.unwrap_method(group, guard.MAKE)
+    root = getattr(sys.modules.get(guard.BASE), guard.BUILDER, None)
+    watching = vars(root).get("__init_subclass__") if isinstance(root, type) else None
+    if patching.is_guarded(watching):
+        revert.put(
+            root, "__init_subclass__", getattr(watching.__func__, patching.MARKER)
+        )
+        done = True
+    classes = reversed(guard.builder_classes())
+    return any([revert.unwrap_method(c, guard.METHOD) for c in classes]) or done
+
+
+# The in-tree form (PR #51585).
 FIX = "rocm-attn-cpu-offsets"
 PR = "#51585"
 FILE = "v1/attention/backends/rocm_attn.py"  # inside the vllm package
+TREE_FILES = (FILE,)
+#: What :func:`tree_findings` leaves for the AITER fix's: the capture it recognised.
+ROCM_CAPTURE = "rocm capture"
 CLASS = "RocmAttentionMetadataBuilder"
 METHOD = "build_for_cudagraph_capture"
 CPU = "query_start_loc_cpu"
@@ -217,3 +285,14 @@ def inspect(src: Source | None, rel: str) -> tuple[model.Finding, Capture | None
     else:
         detail = f"{where} zeroes only {DEVICE}"
     return finding(model.UPSTREAM, detail), capture
+
+
+def tree_findings(
+    sources: dict[str, Source | None], broken: dict[str, str], tree, context: dict
+) -> list[model.Finding]:
+    """This tree's ``rocm_attn.py``: what it needs (``context`` gets the capture)."""
+    rel = tree.rel(FILE)
+    if FILE in broken:
+        return [model.Finding(FIX, PR, rel, model.UNRECOGNISED, broken[FILE])]
+    found, context[ROCM_CAPTURE] = inspect(sources[FILE], rel)
+    return [found]
