@@ -63,9 +63,7 @@ WHEELS = Path("/tmp/capture-guard-wheels")
 TEXTS = r"""
 import json
 from vllm_capture_guard import __version__, tools
-from vllm_capture_guard.tools.fixes import graph_capture_stream as capture_stream
-from vllm_capture_guard.tools.fixes import rocm_aiter_unified_builder as aiter_builder
-from vllm_capture_guard.tools.tree import files
+from vllm_capture_guard.tools.tree import aiter_builder, capture_stream, files
 from vllm_capture_guard.tools.tree import plan, source
 print(json.dumps({
     "version": __version__,
@@ -223,7 +221,10 @@ def edit_script(old: bytes, new: bytes) -> list[dict]:
 
 
 def rebuild(old: bytes, hunks: list[dict], newline: str) -> bytes:
-    """The bytes that ``hunks`` make of ``old`` (the test does the same)."""
+    """What the edit script ``hunks`` makes of ``old``: a line hunk puts its
+    added lines before original line ``line`` and drops ``removed`` lines
+    from there; an insert puts its text into line ``line`` at ``column``
+    (``tests/tools/test_tree_010.py`` uses this one)."""
     lines = old.splitlines(keepends=True)
     out: list[bytes] = []
     skip = 0

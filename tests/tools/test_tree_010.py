@@ -25,6 +25,7 @@ import importlib.util
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,29 +47,16 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def rebuild(old: bytes, hunks: list[dict], newline: str) -> bytes:
-    """What the edit script ``hunks`` makes of ``old``: a line hunk puts its
-    added lines before original line ``line`` and drops ``removed`` lines
-    from there; an insert puts its text into line ``line`` at ``column``."""
-    lines = old.splitlines(keepends=True)
-    out: list[bytes] = []
-    skip = 0
-    for number in range(1, len(lines) + 2):
-        for h in hunks:
-            if h["line"] == number and "added" in h:
-                out += [(text + newline).encode() for text in h["added"]]
-                skip += h["removed"]
-        if number > len(lines):
-            break
-        if skip:
-            skip -= 1
-            continue
-        line = lines[number - 1]
-        inserts = [h for h in hunks if h["line"] == number and "insert" in h]
-        for h in sorted(inserts, key=lambda h: -h["column"]):
-            line = line[: h["column"]] + h["insert"].encode() + line[h["column"] :]
-        out.append(line)
-    return b"".join(out)
+def _rebuild() -> Any:
+    """The maintainer's tool's own reader of the edit script (stdlib only)."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "tree_fixture_010.py"
+    spec = importlib.util.spec_from_file_location("tree_fixture_010", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.rebuild
+
+
+rebuild = _rebuild()
 
 
 @dataclasses.dataclass(frozen=True)
