@@ -90,6 +90,16 @@ def readings():
     return [static.Reading("fake site", True, "the fake always reads as needed")]
 
 
+def judgements(checked):
+    from vllm_capture_guard.tools.verdict import Judgement
+
+    return [Judgement("the fake's check", FIX, PR, True, 1, 1, "sites")]
+
+
+def fails_as(judgement) -> str:
+    return "the fake's failure"
+
+
 def undo() -> bool:
     cls = getattr(sys.modules.get(runtime.MODULE), runtime.CLASS, None)
     if cls is None or not patching.is_guarded(vars(cls).get(runtime.ATTRIBUTE)):
@@ -179,6 +189,8 @@ def test_check_applies_it(scratch):
     proc = _run(scratch, "-m", "vllm_capture_guard", "check", "--json")
     found = json.loads(proc.stdout)
     assert f"{NAME}: patched (one attribute set (fake backport))" in found["guard"]
+    checks = [c for c in found["checks"] if c["fix"] == NAME]
+    assert [(c["name"], c["ok"]) for c in checks] == [("the fake's check", True)]
 
 
 def test_patch_check_and_diff_carry_its_in_tree_form(scratch):

@@ -1,20 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """``check``'s verdict: one judgement per start-up failure the guard fixes,
 from the runs of :mod:`~vllm_capture_guard.tools.check`, as lines or as
-``check --json``'s summary."""
+``check --json``'s summary. Each fix's judgements, and the words the verdict
+gives its failure, are in its tools module (``judgements()``,
+``fails_as()``); here is what they share."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from vllm_capture_guard.tools import fixes, harness
+from vllm_capture_guard.tools import fixes
 from vllm_capture_guard.tools.failure import CANNOT_JUDGE
-from vllm_capture_guard.tools.harness.streams import CRASH as STREAM_CRASH
 
 if TYPE_CHECKING:
     from vllm_capture_guard.tools.check import SeedResult, SeedRun
-    from vllm_capture_guard.tools.harness.streams import SiteRun
 
 #: The MiniMax-M3 start-up failure, as its traceback shows it.
 INDEXER_CRASH = (
@@ -102,110 +102,43 @@ def _span(result: SeedResult) -> str:
     return f"capture sizes ({result.sizes[0]}..{result.sizes[-1]})"
 
 
-def _size(run: SeedRun) -> str:
+def size_words(run: SeedRun) -> str:
+    """One capture of the seed scenario, by what it captured."""
     return f"{run.num_tokens} tokens" if run.num_tokens else f"batch {run.batch}"
 
 
-def _patch(name: str) -> Any:
-    from vllm_capture_guard.tools.fixes import by_name
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What ``check`` ran, as each fix's ``judgements()`` takes it."""
 
-    return by_name(name)
+    result: SeedResult
+    #: the seed scenario's runs, by attention backend
+    by_backend: dict[str, list[SeedRun]]
+    unit: str  # "capture sizes (512..1)"
 
-
-def _total(result: SeedResult, runs: list[SeedRun]) -> int:
-    """Capture sizes in all: those a stopping runner never reached count."""
-    return max(len(result.sizes), len(runs)) if result.stops else len(runs)
-
-
-def _indexer(backend: str, runs: list[SeedRun], unit: str, total: int) -> Judgement:
-    patch = _patch("builder-capture-guard")
-    bad = [r for r in runs if not r.ok]
-    found = Judgement(
-        f"MiniMax-M3 indexer after {backend}", patch.name, patch.pr,
-        not bad, len(runs) - len(bad), total, unit,
-        failed_sizes=[r.num_tokens for r in bad if r.num_tokens],
-    )  # fmt: skip
-    if bad and total > len(runs):
-        found.stopped_at = bad[0].num_tokens
-    elif total > len(runs):  # a runner that stopped with nothing failing
-        found.ok = None
-        found.note = f"{total - len(runs)} of {total} sizes not reached"
-    if bad:
-        first = bad[0]
-        where = f" at {first.error_site}" if first.error_site else ""
-        said = f": {first.error_line}" if first.error_line else ""
-        found.failure = f"{first.error}{where}{said}"
-        if found.stopped_at is None:
-            found.failure += f" (first at {_size(first)})"
-    return found
-
-
-def _offsets(backend: str, runs: list[SeedRun], unit: str, total: int) -> Judgement:
-    """The AITER unified backend's capture must leave the device offsets
-    as the batch had them: its kernel reads them at replay (PR #53821).
-    Judged on the sizes the runner reached."""
-    patch = _patch("rocm-aiter-unified-builder")
-    bad = [r for r in runs if r.query_start_loc_after != r.query_start_loc_cpu_before]
-    found = Judgement(
-        f"{backend} keeps the query offsets its kernel reads (PR {patch.pr})",
-        patch.name, patch.pr, not bad, len(runs) - len(bad), len(runs), unit,
-        failed_sizes=[r.num_tokens for r in bad if r.num_tokens], kind="replay",
-    )  # fmt: skip
-    if total > len(runs):  # the runner stopped at a failure: not all reached
-        unreached = total - len(runs)
-        found.note = f"not checked: the {unreached} sizes the runner did not reach"
-    if bad:
-        found.failure = (
-            "its capture changes the device query_start_loc that the kernel "
-            f"reads at replay (first at {_size(bad[0])})"
-        )
-    return found
-
-
-def _streams(sites: list[SiteRun]) -> Judgement:
-    patch = _patch("graph-capture-stream")
-    ran = [s for s in sites if s.ok is not None]
-    bad = [s for s in ran if not s.ok]
-    not_run = [f"{s.site} ({s.error})" for s in sites if s.ok is None and not s.absent]
-    gone = [s.site for s in sites if s.absent]
-    absent = f"not in this vLLM: {', '.join(gone)}" if gone else None
-    found = Judgement(
-        f"capture on the current stream (PR {patch.pr})", patch.name, patch.pr,
-        None if not ran else not bad, len(ran) - len(bad), len(ran), "sites",
-        note=absent, not_run=not_run if ran else [],
-    )  # fmt: skip
-    if not ran:  # no site could be driven: why, each
-        found.note = "; ".join([*not_run, *([absent] if absent else [])]) or "no site"
-    if bad:
-        found.failure = (
-            f"{', '.join(s.site for s in bad)} capture on torch's side stream "
-            f"(no stream given); on ROCm with AITER start-up dies: {STREAM_CRASH}"
-        )
-    return found
+    def total(self, runs: list[SeedRun]) -> int:
+        """Capture sizes in all: those a stopping runner never reached count."""
+        if self.result.stops:
+            return max(len(self.result.sizes), len(runs))
+        return len(runs)
 
 
 def judge(result: SeedResult) -> list[Judgement]:
-    """Every check of ``result``, in the order ``check`` prints them."""
-    unit = _span(result)
+    """Every check of ``result``, in the order ``check`` prints them: each
+    fix's own (its tools module's ``judgements()``), in the runtime's order."""
     by_backend: dict[str, list[SeedRun]] = {}
     for run in result.runs:
         by_backend.setdefault(run.backend, []).append(run)
+    checked = Checked(result, by_backend, _span(result))
     found = []
-    for backend in harness.seed_backends():
-        runs = by_backend.get(backend)
-        if runs:
-            found.append(_indexer(backend, runs, unit, _total(result, runs)))
-        else:  # could not be made here, or the runner captured nothing with it
-            name = f"MiniMax-M3 indexer after {backend}"
-            fix = _patch("builder-capture-guard")
-            why = result.unavailable.get(backend, "no capture ran")
-            found.append(Judgement(name, fix.name, fix.pr, None, 0, 0, unit, note=why))
-    for backend in fixes.backends(_patch("rocm-aiter-unified-builder")):
-        if runs := by_backend.get(backend):
-            found.append(_offsets(backend, runs, unit, _total(result, runs)))
-    if result.streams:
-        found.append(_streams(result.streams))
+    for module in fixes.modules():
+        found += module.judgements(checked)
     return found
+
+
+def _fails_as(judgement: Judgement) -> str:
+    """What the verdict names when this check fails, in its fix's words."""
+    return fixes.module_of(fixes.by_name(judgement.fix)).fails_as(judgement)
 
 
 def passed(judgements: list[Judgement]) -> bool:
@@ -255,19 +188,14 @@ def _verdict(judgements: list[Judgement]) -> str:
         if passed(judgements):
             return ALL_CLEAR
         return "verdict: " + cannot_judge_reason(judgements)
-    crashes = []
+    crashes: list[str] = []
+    replay: list[str] = []
     for j in failed:
-        if j.fix != "builder-capture-guard" or j.kind != "start-up":
-            continue
-        if "minimax_m3/common/indexer.py" in (j.failure or ""):  # the seed crash
-            crash = f"MiniMax-M3 ({INDEXER_CRASH})"
-        else:  # something else stopped the capture: said as it is
-            crash = f"{j.name} ({j.failure})"
-        if crash not in crashes:
-            crashes.append(crash)
-    if any(j.fix == "graph-capture-stream" for j in failed):
-        crashes.append(f"AITER ({STREAM_CRASH})")
-    replay = [j.name.split(" keeps ")[0] for j in failed if j.kind == "replay"]
+        words = _fails_as(j)
+        if j.kind == "replay":
+            replay.append(words)
+        elif words not in crashes:
+            crashes.append(words)
     parts = []
     if crashes:
         parts.append("startup would still fail: " + "; ".join(crashes))

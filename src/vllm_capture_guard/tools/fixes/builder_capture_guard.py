@@ -1,16 +1,17 @@
-# SPDX-License-Identifier: Apache-2.0
 """What the tools know of the capture guard, runtime patch
 ``builder-capture-guard`` (:mod:`vllm_capture_guard.runtime.guard`), beyond
 what the runtime loads:
 
-* :func:`readings`: ``status``'s reading of the imported ROCm builders'
-  captures (does one touch a host field? :func:`.shape.fixed_shape`);
-* the in-tree form for image builders (:data:`TREE_FILES`,
-  :func:`tree_findings`): vLLM PR #51585 written into ``rocm_attn.py``. It
-  keeps its name from 0.1.0, ``rocm-attn-cpu-offsets`` (:data:`FIX`): the edit
-  is exactly that PR, while the runtime guards every builder;
-* :func:`undo`: the guard taken off again (tests and tools; vLLM never does);
-* :data:`CONSEQUENCE`: what a needed fix prevents, in ``status``'s words.
+* :func:`inspect`, the one reader of ``rocm_attn.py``: ``status`` hands it the
+  source of the module this process imported (:func:`readings`), ``patch
+  --check`` the file's bytes in the tree it is given (:func:`tree_findings`);
+* the in-tree form for image builders: vLLM PR #51585 written into
+  ``rocm_attn.py``. It keeps its name from 0.1.0, ``rocm-attn-cpu-offsets``
+  (:data:`FIX`): the edit is exactly that PR, while the runtime guards every
+  builder;
+* :func:`undo` (tests and tools), :data:`CONSEQUENCE` (``status``'s words);
+* :func:`judgements`, ``check``'s check (MiniMax-M3's indexer after each
+  backend's capture), and :func:`fails_as`, the verdict's words.
 
 The in-tree form, in ``vllm/v1/attention/backends/rocm_attn.py``: in
 0.27.x/0.28.0 ``RocmAttentionMetadataBuilder.build_for_cudagraph_capture``
@@ -21,16 +22,17 @@ comment in its place.
 
 Recognised, by structure (anything else is refused):
 
-* the capture's metadata parameter (its second parameter, never reassigned)
-  is used only for attribute reads, for the two zeroing statements, and as an
-  argument of ``self.build(...)``; passing it anywhere else could write the
-  offsets where we cannot see it;
+* the capture's metadata parameter (its second, never reassigned) is used
+  only for attribute reads and as an argument of ``self.build(...)``: passed
+  anywhere else, it could have its offsets written where we cannot see it;
 * the CPU offsets are written by exactly one top-level statement of the
   capture, ``<param>.query_start_loc_cpu.zero_()`` (or ``.fill_(0)``), and
   ``query_start_loc_cpu`` (as an attribute or a string) appears nowhere else
   in the module;
 * the device offsets are zeroed by one such statement on
-  ``<param>.query_start_loc``, and the capture mentions them nowhere else.
+  ``<param>.query_start_loc``, and the capture mentions them nowhere else;
+* the capture names no other host field (:func:`host_fields_named`), on any
+  object: reading could not tell what it does to it.
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import sys
+from typing import Any
 
 from vllm_capture_guard.runtime import patching
 from vllm_capture_guard.runtime.guard import install as guard
 from vllm_capture_guard.tools import revert, static
-from vllm_capture_guard.tools.shape import fixed_shape
 from vllm_capture_guard.tools.tree import model
 from vllm_capture_guard.tools.tree.source import (
     PROJECT,
@@ -58,35 +60,49 @@ from vllm_capture_guard.tools.tree.source import (
     walk_with_parents,
 )
 
+try:
+    from vllm_capture_guard.runtime.guard.metadata import is_host_field
+except ImportError:  # an older runtime (the GPU start-up comparison's baseline)
+    from vllm_capture_guard.runtime.guard import is_host_field
+
 CONSEQUENCE = "later builders read it (MiniMax-M3: assert decode_query_len > 0)"
 
-#: The ROCm backends whose builders status reads: (module, class, registry name).
-ROCM = (
-    ("vllm.v1.attention.backends.rocm_attn", "RocmAttentionBackend", "ROCM_ATTN"),
-    (
-        "vllm.v1.attention.backends.rocm_aiter_unified_attn",
-        "RocmAiterUnifiedAttentionBackend",
-        "ROCM_AITER_UNIFIED_ATTN",
-    ),
-)
+ROCM_MODULE = "vllm.v1.attention.backends.rocm_attn"
+ROCM_LABEL = "ROCM_ATTN"
+
+
+@dataclasses.dataclass(frozen=True)
+class RocmRead:
+    """``rocm_attn.py`` as this process imported it, read by :func:`inspect`."""
+
+    reading: static.Reading  # in status's words, for ROCM_ATTN
+    capture: Capture | None  # what the AITER fix's reader needs, if recognised
+
+
+def read_imported_rocm() -> RocmRead:
+    """The imported ``rocm_attn``: does its builder's capture zero the CPU
+    offsets? The source read must be the code that runs."""
+    imported = static.imported_source(ROCM_MODULE, FILE)
+    if imported.source is None:
+        return RocmRead(imported.unread(ROCM_LABEL), None)
+    builder = getattr(imported.module, CLASS, None)
+    running = patching.original_of(getattr(builder, METHOD, None))
+    qualname = f"{CLASS}.{METHOD}"
+    if not static.runs_as_read(imported.source, running, qualname):
+        return RocmRead(static.changed_since_import(ROCM_LABEL, qualname, FILE), None)
+    found, capture = inspect(imported.source, FILE)
+    needed = f"{CLASS}'s capture zeroes {CPU}"
+    fixed = f"{CLASS}'s capture leaves the host fields alone"
+    return RocmRead(static.tree_reading(ROCM_LABEL, found, needed, fixed), capture)
 
 
 def readings() -> list[static.Reading]:
-    """Per ROCm backend: does its builder's capture touch a host field?"""
-    found = []
-    for module, name, label in ROCM:
-        mod = static.import_to_read(module)
-        if isinstance(mod, str):
-            found.append(static.Reading(label, None, mod, importable=False))
-            continue
-        backend = getattr(mod, name, None)
-        if not isinstance(backend, type):
-            found.append(static.Reading(label, None, f"{module} has no {name}"))
-            continue
-        builder = backend.get_builder_cls()
-        why = fixed_shape(patching.original_of(getattr(builder, static.METHOD)))
-        found.append(static.capture_reading(label, builder, why, "the host fields"))
-    return found
+    """ROCM_ATTN, and ROCM_AITER_UNIFIED_ATTN (whose builder is the ROCm one
+    until PR #53821): does the capture of each one's builder zero a host value?"""
+    from vllm_capture_guard.tools.fixes import rocm_aiter_unified_builder as aiter
+
+    rocm = read_imported_rocm()
+    return [rocm.reading, aiter.read_imported(rocm, for_guard=True)]
 
 
 def undo() -> bool:
@@ -103,6 +119,73 @@ def undo() -> bool:
         done = True
     classes = reversed(guard.builder_classes())
     return any([revert.unwrap_method(c, guard.METHOD) for c in classes]) or done
+
+
+def judgements(checked: Any) -> list[Any]:
+    """Per backend of the seed scenario: does MiniMax-M3's indexer build after
+    that backend's capture, at every capture size? (:class:`.verdict.Checked`)"""
+    from vllm_capture_guard.tools import harness
+    from vllm_capture_guard.tools.verdict import Judgement
+
+    patch = guard.CaptureGuard
+    found = []
+    for backend in harness.seed_backends():
+        runs = checked.by_backend.get(backend)
+        name = f"MiniMax-M3 indexer after {backend}"
+        if not runs:  # could not be made here, or the runner captured nothing
+            why = checked.result.unavailable.get(backend, "no capture ran")
+            found.append(
+                Judgement(
+                    name, patch.name, patch.pr, None, 0, 0, checked.unit, note=why
+                )
+            )
+            continue
+        found.append(_indexer(name, runs, checked))
+    return found
+
+
+def _indexer(name: str, runs: list[Any], checked: Any) -> Any:
+    from vllm_capture_guard.tools.verdict import Judgement, size_words
+
+    patch = guard.CaptureGuard
+    total = checked.total(runs)
+    bad = [r for r in runs if not r.ok]
+    found = Judgement(
+        name,
+        patch.name,
+        patch.pr,
+        not bad,
+        len(runs) - len(bad),
+        total,
+        checked.unit,
+        failed_sizes=[r.num_tokens for r in bad if r.num_tokens],
+    )
+    if bad and total > len(runs):
+        found.stopped_at = bad[0].num_tokens
+    elif total > len(runs):  # a runner that stopped with nothing failing
+        found.ok = None
+        found.note = f"{total - len(runs)} of {total} sizes not reached"
+    if bad:
+        first = bad[0]
+        where = f" at {first.error_site}" if first.error_site else ""
+        said = f": {first.error_line}" if first.error_line else ""
+        found.failure = f"{first.error}{where}{said}"
+        if found.stopped_at is None:
+            found.failure += f" (first at {size_words(first)})"
+    return found
+
+
+INDEXER_FILE = "minimax_m3/common/indexer.py"  # as a failure's site names it
+
+
+def fails_as(judgement: Any) -> str:
+    """The start-up failure, as the verdict names it: MiniMax-M3's crash, or
+    what else stopped the capture, as it is."""
+    from vllm_capture_guard.tools.verdict import INDEXER_CRASH
+
+    if INDEXER_FILE in (judgement.failure or ""):  # the seed crash
+        return f"MiniMax-M3 ({INDEXER_CRASH})"
+    return f"{judgement.name} ({judgement.failure})"
 
 
 # The in-tree form (PR #51585).
@@ -182,6 +265,16 @@ def check_param_use(src: Source, fn: ast.FunctionDef, param: str) -> None:
         )
 
 
+def host_fields_named(fn: ast.FunctionDef) -> list[ast.Attribute]:
+    """Each ``<anything>.<host field>`` in ``fn`` (the runtime's rule of what a
+    host field is, :func:`is_host_field`)."""
+    return [
+        node
+        for node in ast.walk(fn)
+        if isinstance(node, ast.Attribute) and is_host_field(node.attr)
+    ]
+
+
 def capture_params(src: Source, fn: ast.FunctionDef) -> str:
     args = fn.args
     positional = [*args.posonlyargs, *args.args]
@@ -217,6 +310,12 @@ def analyse(src: Source) -> tuple[ast.FunctionDef, Capture]:
             raise Unrecognised(
                 f"{src.rel}:{node.lineno}: {CLASS}.{METHOD} uses `{DEVICE}` "
                 f"other than by zeroing it"
+            )
+    for node in host_fields_named(fn):
+        if node.attr != CPU:
+            raise Unrecognised(
+                f"{src.rel}:{node.lineno}: {CLASS}.{METHOD} uses `{node.attr}`, a "
+                f"host field; cannot tell by reading what it does to it"
             )
     capture = Capture(param, device[0] if device else None, cpu[0] if cpu else None)
     return fn, capture

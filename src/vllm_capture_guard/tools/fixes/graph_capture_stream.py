@@ -10,7 +10,10 @@ sites in :mod:`..harness.streams`):
   ``None`` stream is no stream for both;
 * the in-tree form (:data:`TREE_FILES`, :func:`tree_findings`): vLLM PR #53818,
   capture CUDA graphs on the current stream;
-* :func:`undo`, and :data:`CONSEQUENCE` in ``status``'s words.
+* :func:`undo`, and :data:`CONSEQUENCE` in ``status``'s words;
+* :func:`judgements`: ``check``'s check of it (each site driven by
+  :mod:`..harness.streams`, its ``torch.cuda.graph`` call recorded), and
+  :func:`fails_as`.
 
 The in-tree form. Files (:data:`SITES`): ``vllm/v1/worker/gpu/cudagraph_utils.py``
 (``CudaGraphManager.capture``), ``vllm/v1/worker/encoder_cudagraph.py``
@@ -122,6 +125,50 @@ def _read_site(where: str, fn: Any) -> static.Reading:
     if all(passes_stream(c) for c in calls):
         return static.Reading(where, False, "passes a stream to torch.cuda.graph")
     return static.Reading(where, True, "calls torch.cuda.graph with no stream")
+
+
+def judgements(checked: Any) -> list[Any]:
+    """Each capture site this vLLM has, driven as the runner drives it: does
+    its ``torch.cuda.graph`` get a stream? (:class:`.verdict.Checked`)"""
+    from vllm_capture_guard.tools.verdict import Judgement
+
+    sites = checked.result.streams
+    if not sites:
+        return []
+    patch = runtime.GraphCaptureStream
+    ran = [s for s in sites if s.ok is not None]
+    bad = [s for s in ran if not s.ok]
+    not_run = [f"{s.site} ({s.error})" for s in sites if s.ok is None and not s.absent]
+    gone = [s.site for s in sites if s.absent]
+    absent = f"not in this vLLM: {', '.join(gone)}" if gone else None
+    found = Judgement(
+        f"capture on the current stream (PR {patch.pr})",
+        patch.name,
+        patch.pr,
+        None if not ran else not bad,
+        len(ran) - len(bad),
+        len(ran),
+        "sites",
+        note=absent,
+        not_run=not_run if ran else [],
+    )
+    if not ran:  # no site could be driven: why, each
+        found.note = "; ".join([*not_run, *([absent] if absent else [])]) or "no site"
+    if bad:
+        from vllm_capture_guard.tools.harness.streams import CRASH
+
+        found.failure = (
+            f"{', '.join(s.site for s in bad)} capture on torch's side stream "
+            f"(no stream given); on ROCm with AITER start-up dies: {CRASH}"
+        )
+    return [found]
+
+
+def fails_as(judgement: Any) -> str:
+    """The start-up failure, as the verdict names it."""
+    from vllm_capture_guard.tools.harness.streams import CRASH
+
+    return f"AITER ({CRASH})"
 
 
 def undo() -> bool:

@@ -2,12 +2,15 @@
 """What the tools know of runtime patch ``rocm-aiter-unified-builder``
 (:mod:`vllm_capture_guard.runtime.patches.rocm_aiter_unified_builder`):
 
-* :func:`readings`: ``status``'s reading of the imported AITER unified
-  backend's builder (does its capture touch ``query_start_loc``?);
+* :func:`inspect`, the one reader of ``rocm_aiter_unified_attn.py``: ``status``
+  hands it the source of the module this process imported (:func:`readings`),
+  ``patch --check`` the file's bytes in the tree it is given;
 * the in-tree form (:data:`TREE_FILES`, :func:`tree_findings`): vLLM PR #53821,
   ROCM_AITER_UNIFIED_ATTN gets its own metadata builder, whose capture leaves
   the query offsets alone;
-* :func:`undo`, and :data:`CONSEQUENCE` in ``status``'s words.
+* :func:`undo`, and :data:`CONSEQUENCE` in ``status``'s words;
+* :func:`judgements`: ``check``'s check of it (the AITER unified capture
+  keeps the offsets its kernel reads at replay), and :func:`fails_as`.
 
 The in-tree form, in ``vllm/v1/attention/backends/rocm_aiter_unified_attn.py``: in
 0.27.x/0.28.0 ``RocmAiterUnifiedAttentionBackend.get_builder_cls()`` returns
@@ -34,15 +37,20 @@ Recognised, by structure (anything else is refused):
   module does not use the name :data:`BUILDER` yet: the fix applies;
 * or it returns :data:`BUILDER`, a module-level subclass of
   ``RocmAttentionMetadataBuilder`` with its own capture that hands its
-  metadata only to ``self.build`` and never names ``query_start_loc`` or
-  ``query_start_loc_cpu``: upstream's fix (no marker); or ours (markers, and
-  the class is exactly the block we insert).
+  metadata only to ``self.build`` and never names ``query_start_loc``,
+  ``query_start_loc_cpu`` or any other host field: upstream's fix (no
+  marker); or ours (markers, and the class is exactly the block we insert).
+
+``status`` reads the backend vLLM has by that name only; the runtime also
+guards a vendor's backend derived from it.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import sys
+from typing import Any
 
 from vllm_capture_guard.runtime import patching
 from vllm_capture_guard.runtime.patches import rocm_aiter_unified_builder as runtime
@@ -53,10 +61,12 @@ from vllm_capture_guard.tools.fixes.builder_capture_guard import (
     METHOD,
     ROCM_CAPTURE,
     Capture,
+    RocmRead,
     capture_params,
     check_param_use,
+    host_fields_named,
+    read_imported_rocm,
 )
-from vllm_capture_guard.tools.shape import fixed_shape, is_host_field
 from vllm_capture_guard.tools.tree import model
 from vllm_capture_guard.tools.tree.source import (
     PROJECT,
@@ -74,30 +84,37 @@ CONSEQUENCE = "the AITER kernel reads it at replay"
 LABEL = "ROCM_AITER_UNIFIED_ATTN"
 
 
-def _offsets_or_host(name: str) -> bool:
-    return name.startswith("query_start_loc") or is_host_field(name)
+def read_imported(rocm: RocmRead, for_guard: bool = False) -> static.Reading:
+    """The imported AITER unified module, read by :func:`inspect`: does its
+    backend's builder zero the query offsets (this fix), or a host value
+    (``for_guard``: the capture guard's reading, which is the ROCm builder's
+    where the backend returns that one)?"""
+    imported = static.imported_source(runtime.MODULE, FILE)
+    if imported.source is None:
+        return imported.unread(LABEL)
+    getter = vars(getattr(imported.module, BACKEND, object)).get(GETTER)
+    running = patching.original_of(getattr(getter, "__func__", getter))
+    qualname = f"{BACKEND}.{GETTER}"
+    if not static.runs_as_read(imported.source, running, qualname):
+        return static.changed_since_import(LABEL, qualname, FILE)
+    found = inspect(imported.source, FILE, rocm.capture)
+    if for_guard and found.state == model.NEEDED:  # it uses the ROCm builder
+        return dataclasses.replace(rocm.reading, where=LABEL)
+    if for_guard:
+        own = f"{BUILDER}'s capture leaves the host fields alone"
+        return static.tree_reading(LABEL, found, needed="", fixed=own)
+    return static.tree_reading(
+        LABEL,
+        found,
+        needed=f"{BACKEND}.{GETTER} returns {PARENT}, whose capture zeroes {DEVICE}",
+        fixed=f"{BUILDER}'s capture leaves {DEVICE} alone",
+    )
 
 
 def readings() -> list[static.Reading]:
-    """The AITER unified backend (and each derived backend with a builder of
-    its own): does its builder's capture touch ``query_start_loc``?"""
-    mod = static.import_to_read(runtime.MODULE)
-    if isinstance(mod, str):
-        return [static.Reading(LABEL, None, mod, importable=False)]
-    if not isinstance(getattr(mod, runtime.BACKEND, None), type):
-        why = f"{runtime.MODULE} has no {runtime.BACKEND}"
-        return [static.Reading(LABEL, None, why)]
-    found = []
-    for backend in runtime.backends():
-        builder = backend.get_builder_cls()
-        why = fixed_shape(
-            patching.original_of(getattr(builder, static.METHOD, None)),
-            device_fields=False,
-            forbidden=_offsets_or_host,
-        )
-        label = LABEL if backend.__name__ == runtime.BACKEND else backend.__name__
-        found.append(static.capture_reading(label, builder, why, "query_start_loc"))
-    return found
+    """The AITER unified backend: does its builder's capture zero the query
+    offsets that its kernel reads at replay?"""
+    return [read_imported(read_imported_rocm())]
 
 
 def undo() -> bool:
@@ -115,6 +132,51 @@ def undo() -> bool:
         vars(runtime).pop(name, None)
         undone = True
     return undone
+
+
+def judgements(checked: Any) -> list[Any]:
+    """The AITER unified backend's capture must leave the device offsets as the
+    batch had them: its kernel reads them at replay. Judged on the sizes the
+    runner reached (:class:`.verdict.Checked`)."""
+    from vllm_capture_guard.tools.verdict import Judgement, size_words
+
+    patch = runtime.RocmAiterUnifiedBuilder
+    found = []
+    for backend in patch.backends:
+        runs = checked.by_backend.get(backend)
+        if not runs:
+            continue
+        bad = [
+            r for r in runs if r.query_start_loc_after != r.query_start_loc_cpu_before
+        ]
+        judgement = Judgement(
+            f"{backend} keeps the query offsets its kernel reads (PR {patch.pr})",
+            patch.name,
+            patch.pr,
+            not bad,
+            len(runs) - len(bad),
+            len(runs),
+            checked.unit,
+            failed_sizes=[r.num_tokens for r in bad if r.num_tokens],
+            kind="replay",
+        )
+        unreached = checked.total(runs) - len(runs)
+        if unreached:  # the runner stopped at a failure: not all reached
+            judgement.note = (
+                f"not checked: the {unreached} sizes the runner did not reach"
+            )
+        if bad:
+            judgement.failure = (
+                "its capture changes the device query_start_loc that the kernel "
+                f"reads at replay (first at {size_words(bad[0])})"
+            )
+        found.append(judgement)
+    return found
+
+
+def fails_as(judgement: Any) -> str:
+    """The backend whose graphs would replay over zeroed offsets."""
+    return judgement.name.split(" keeps ")[0]
 
 
 # The in-tree form (PR #53821).
@@ -207,6 +269,11 @@ def _builder_class(src: Source) -> ast.ClassDef:
             raise Unrecognised(
                 f"{src.rel}:{found[0].lineno}: {BUILDER} uses `{field}`"  # type: ignore[attr-defined]
             )
+    for node in host_fields_named(fn):
+        raise Unrecognised(
+            f"{src.rel}:{node.lineno}: {BUILDER}'s capture uses `{node.attr}`, "
+            f"a host field"
+        )
     return cls
 
 
