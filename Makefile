@@ -88,7 +88,7 @@ matrix: lint envs
 
 # Patched 0.28.0 and 0.27.1 against unpatched 0.29.0, field by field.
 oracle: envs
-	$(PY) -m vllm_capture_guard.tools.oracle run
+	$(PY) -m vllm_capture_guard.lab.oracle run
 
 # A new vLLM release, checked the day it ships (docs/newest.md): the newest
 # release on the package registry (NEWEST_VLLM=X names one) against the last of

@@ -22,6 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from vllm_capture_guard.lab.oracle import releases  # noqa: E402
 from vllm_capture_guard.runtime import switch  # noqa: E402
 from vllm_capture_guard.tools.audit.schema import (  # noqa: E402
     AuditResult,
@@ -30,7 +31,6 @@ from vllm_capture_guard.tools.audit.schema import (  # noqa: E402
     Severity,
     from_json,
 )
-from vllm_capture_guard.tools.oracle import releases  # noqa: E402
 
 WORDS = {
     Severity.FAILS: "**fails**",

@@ -60,8 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import newest_report as report  # noqa: E402 (beside this script)
 
+from vllm_capture_guard.lab.oracle import releases  # noqa: E402
 from vllm_capture_guard.runtime import switch  # noqa: E402
-from vllm_capture_guard.tools.oracle import releases  # noqa: E402
 
 ENV = "NEWEST_VLLM"
 MAKEFILE = ROOT / "Makefile"

@@ -170,7 +170,7 @@ def warm_model_info(in_process: bool = True) -> dict:
 def _warm_in(version: str) -> str:
     """:func:`warm_model_info` in a fresh interpreter of ``version``; what
     happened, in a line (never raises: the jobs inspect what was not warmed)."""
-    from vllm_capture_guard.tools.oracle import releases
+    from vllm_capture_guard.lab.oracle import releases
 
     start = time.monotonic()
     try:
@@ -199,8 +199,8 @@ def _in_tree_facts() -> dict:
 
 
 def _facts_in(version: str) -> dict:
+    from vllm_capture_guard.lab.oracle import releases
     from vllm_capture_guard.runtime import switch
-    from vllm_capture_guard.tools.oracle import releases
     from vllm_capture_guard.tools.simulate import triton_interpreter_env
 
     # as check sets itself up (its choice of runner is among the facts)
@@ -271,7 +271,7 @@ def _job_env(job: Job, folder: Path) -> dict[str, str | None]:
 
 
 def _run_tests(job: Job, folder: Path) -> dict:
-    from vllm_capture_guard.tools.oracle import releases
+    from vllm_capture_guard.lab.oracle import releases
 
     xml = folder / f"pytest-{job.name}.xml"
     log = folder / f"pytest-{job.name}.log"
@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(warm_model_info(in_process=args.warm)))
         return 0
 
-    from vllm_capture_guard.tools.oracle import releases
+    from vllm_capture_guard.lab.oracle import releases
 
     os.environ.setdefault(releases.CACHES_VAR, str(CACHE / "vllm"))
     own = _own_release()

@@ -188,7 +188,7 @@ def oracle_record(tmp_path_factory):
     in a warm child; another release in a fresh interpreter of its own."""
     from importlib.metadata import version as installed
 
-    from vllm_capture_guard.tools import oracle
+    from vllm_capture_guard.lab import oracle
 
     folder = tmp_path_factory.mktemp("records")
     done: dict = {}
@@ -197,7 +197,7 @@ def oracle_record(tmp_path_factory):
         if (version, mode) not in done:
             out = folder / f"{version}-{mode}.json"
             if version == installed("vllm"):
-                args = ["-m", "vllm_capture_guard.tools.oracle", "record"]
+                args = ["-m", "vllm_capture_guard.lab.oracle", "record"]
                 proc = run_fresh([*args, "--out", str(out)], VLLM_CAPTURE_GUARD=mode)
                 assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
                 record = json.loads(out.read_text())

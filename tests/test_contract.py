@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from vllm_capture_guard.lab.oracle.releases import env_dir
 from vllm_capture_guard.tools.contract import (
     CPU,
     DEVICE,
@@ -25,7 +26,6 @@ from vllm_capture_guard.tools.contract import (
     field_side,
     snapshot,
 )
-from vllm_capture_guard.tools.oracle.releases import env_dir
 
 RELEASES = ("0.27.1", "0.28.0", "0.29.0", "0.33.0")
 

@@ -123,7 +123,8 @@ PROBE = """
 import json, sys
 sys.path.insert(0, {scripts!r})
 import vllm_capture_guard
-from vllm_capture_guard.tools import fixes, identity, revert
+from vllm_capture_guard.lab import identity
+from vllm_capture_guard.tools import fixes, revert
 from vllm_capture_guard.tools.tree.plan import FILES
 import version_matrix
 

@@ -7,7 +7,7 @@ registered backend the audit builds on this host, the capture at the
 audit's batches, recorded field by field (the shared metadata before and
 after, what the capture rebound, what it returned), is the same with the
 guard off and on. Two processes, loaded through vLLM's plugin loader, record
-(``tools.oracle.record.record_backends``); the differential oracle compares.
+(``lab.oracle.record.record_backends``); the differential oracle compares.
 
 A release is "fixed" when vLLM's own capture keeps the shared host values,
 judged by running it unguarded in this process (never by the guard's own
@@ -22,10 +22,11 @@ import json
 import pytest
 
 from tests.conftest import run_fresh
-from vllm_capture_guard.tools import harness, oracle
+from vllm_capture_guard.lab import oracle
+from vllm_capture_guard.tools import harness
 
 RECORD = (
-    "import json; from vllm_capture_guard.tools.oracle.record import "
+    "import json; from vllm_capture_guard.lab.oracle.record import "
     "record_backends; print(json.dumps(record_backends()))"
 )
 

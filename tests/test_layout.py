@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The two wings: what runs inside ``vllm serve`` (runtime/) imports nothing
-from the tools wing, and no source file grows past what one reader holds."""
+"""The rooms: what runs inside ``vllm serve`` (runtime/) imports nothing of
+the package outside it (the tools, the lab), the operator's tools import
+nothing of the maintainers' lab, and no source file grows past what one
+reader holds."""
 
 from __future__ import annotations
 
@@ -13,16 +15,19 @@ from tests.conftest import run_snippet
 PACKAGE = Path(vllm_capture_guard.__file__).parent
 MAX_LINES = 400
 
-# Fresh interpreter: the tools wing cannot be imported at all; the plugin is
-# loaded by vLLM's own loader and its hooks fire when vLLM imports a backend.
+# Fresh interpreter: no package of ours but the runtime can be imported at
+# all; the plugin is loaded by vLLM's own loader and its hooks fire when vLLM
+# imports a backend.
 BLOCKED = """
 import importlib.abc, json, sys
 
 class Blocker(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name == "vllm_capture_guard.tools" or name.startswith(
-            "vllm_capture_guard.tools."
-        ):
+        ours = name.startswith("vllm_capture_guard.")
+        runtime = name == "vllm_capture_guard.runtime" or name.startswith(
+            "vllm_capture_guard.runtime."
+        )
+        if ours and not runtime:
             raise ImportError(f"blocked: {name}")
         return None
 
@@ -37,14 +42,18 @@ print(json.dumps({
     "action": r.action,
     "failures": r.failures,
     "outcomes": {k: o.status.value for k, o in r.outcomes.items()},
-    "tools": sorted(m for m in sys.modules if m.startswith("vllm_capture_guard.t")),
+    "outside": sorted(
+        m for m in sys.modules
+        if m.startswith("vllm_capture_guard.")
+        and not m.startswith("vllm_capture_guard.runtime")
+    ),
 }))
 """
 
 
-def test_runtime_runs_with_the_tools_wing_unimportable():
+def test_runtime_runs_with_everything_outside_it_unimportable():
     out, logs = run_snippet(BLOCKED, VLLM_CAPTURE_GUARD="on")
-    assert out["tools"] == []
+    assert out["outside"] == []
     assert out["failures"] == [], logs[-3000:]
     assert out["action"] in ("patched", "not needed"), out
     assert "builder-capture-guard" in out["outcomes"]
@@ -61,11 +70,24 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def test_runtime_sources_name_no_tools_module():
+def test_runtime_sources_name_no_module_outside_the_runtime():
     runtime = sorted((PACKAGE / "runtime").rglob("*.py"))
     assert len(runtime) >= 5
     for path in runtime:
-        bad = [m for m in _imports(path) if m.startswith("vllm_capture_guard.tools")]
+        bad = [
+            m
+            for m in _imports(path)
+            if m.startswith("vllm_capture_guard.")
+            and not m.startswith("vllm_capture_guard.runtime")
+        ]
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_the_operators_tools_name_nothing_of_the_lab():
+    tools = sorted((PACKAGE / "tools").rglob("*.py"))
+    assert len(tools) >= 10
+    for path in tools:
+        bad = [m for m in _imports(path) if m.startswith("vllm_capture_guard.lab")]
         assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
 
 

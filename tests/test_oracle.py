@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
+from vllm_capture_guard.lab import oracle
 from vllm_capture_guard.tools import harness as sc
-from vllm_capture_guard.tools import oracle
 
 pytestmark = pytest.mark.oracle
 
@@ -97,7 +97,7 @@ def test_oracle_fails_with_guard_off(records):
 def test_compare_cli_exit_codes(records):
     ref = records[f"{oracle.REFERENCE}-off"]["_path"]
     ok = subprocess.run(
-        [sys.executable, "-m", "vllm_capture_guard.tools.oracle", "compare", ref]
+        [sys.executable, "-m", "vllm_capture_guard.lab.oracle", "compare", ref]
         + [records[f"{v}-on"]["_path"] for v in oracle.CANDIDATES],
         capture_output=True,
         text=True,
@@ -105,7 +105,7 @@ def test_compare_cli_exit_codes(records):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.count(": MATCH;") == 2
     bad = subprocess.run(
-        [sys.executable, "-m", "vllm_capture_guard.tools.oracle", "compare", ref]
+        [sys.executable, "-m", "vllm_capture_guard.lab.oracle", "compare", ref]
         + [records["0.28.0-off"]["_path"]],
         capture_output=True,
         text=True,

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from tests import variants as vv
-from vllm_capture_guard.tools.oracle.releases import env_dir
+from vllm_capture_guard.lab.oracle.releases import env_dir
 
 APPLIES, WHY = vv.applicability()
 needs_affected = pytest.mark.skipif(not APPLIES, reason=WHY)

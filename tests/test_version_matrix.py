@@ -60,7 +60,7 @@ def test_a_process_of_each_release_gets_that_releases_vllm_cache(monkeypatch, tm
     release where no folder of X's is there; a cache the caller names wins;
     without the folder, a process keeps what it inherits."""
     from tests.tools.overlay import PURELIB, overlay_env
-    from vllm_capture_guard.tools.oracle import releases
+    from vllm_capture_guard.lab.oracle import releases
 
     own = releases.own_version()
     assert (PURELIB / f"vllm-{own}.dist-info").is_dir()

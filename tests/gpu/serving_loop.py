@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 def measure(rank: Loop, runs: dict, args: argparse.Namespace) -> None:
     """``rank``'s mean step at each tail, then the guard's phases over a few
     more steps, into ``runs``."""
-    from vllm_capture_guard.tools.cost import account
+    from vllm_capture_guard.lab.cost import account
 
     for tail in (float(t) for t in args.tails.split(",")):
         runs[f"{tail:g}"] = rank.run(tail / 1e3, args.steps, args.warmup)

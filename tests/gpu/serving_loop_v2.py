@@ -12,7 +12,7 @@ it; each configuration in its own interpreter):
   in for the rest of the step's launch work, and a forward pass of
   ``--forward-ms`` on the GPU (a busy kernel), the CPU at most one step
   ahead. The figure is the mean wall time per step, after a warm-up.
-* ``--what start-up``: the guard's time by phase (``tools.cost.account``)
+* ``--what start-up``: the guard's time by phase (``lab.cost.account``)
   over the runner's own ``capture_model()`` (every FULL size of its
   ``CudaGraphManager``, warm-up and capture; real CUDA graphs), a new runner
   for each of ``--repeat`` start-ups; the least of them, phase by phase, and
@@ -104,8 +104,8 @@ def _serving(args: argparse.Namespace, out: dict) -> None:
 
 
 def _start_up(args: argparse.Namespace, out: dict) -> None:
-    from vllm_capture_guard.tools import cost
-    from vllm_capture_guard.tools.cost import account
+    from vllm_capture_guard.lab import cost
+    from vllm_capture_guard.lab.cost import account
     from vllm_capture_guard.tools.harness import v2
 
     for backend in BACKENDS:

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the guard costs on a GPU, by phase (``tools.cost.account``: saving,
+"""What the guard costs on a GPU, by phase (``lab.cost.account``: saving,
 waiting for the copies it followed, comparing, putting back, timed around the
 guard's own functions; following the copies while the capture runs, as the
 difference against the same captures with following turned off,
-``tools.cost.unfollowed``; the least of five runs of each, phase by phase).
+``lab.cost.unfollowed``; the least of five runs of each, phase by phase).
 
 1. vLLM's 51 FULL capture sizes (512 down to 1, derived by vLLM's own
    code), run as the model runner runs them: persistent buffers on the GPU
@@ -32,8 +32,8 @@ import torch
 
 from tests.gpu import async_copies
 from tests.gpu.start_up_cost import capture_size
-from vllm_capture_guard.tools import cost
-from vllm_capture_guard.tools.cost import account
+from vllm_capture_guard.lab import cost
+from vllm_capture_guard.lab.cost import account
 
 pytestmark = [
     pytest.mark.gpu,

@@ -17,7 +17,7 @@ import subprocess
 import sysconfig
 from pathlib import Path
 
-from vllm_capture_guard.tools.oracle import releases
+from vllm_capture_guard.lab.oracle import releases
 from vllm_capture_guard.tools.tree.plan import FILES
 
 ROOT = Path(__file__).resolve().parents[2]

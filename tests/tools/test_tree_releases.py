@@ -34,7 +34,7 @@ from tests.tools.overlay import (
     snapshot,
     target_files,
 )
-from vllm_capture_guard.tools import oracle
+from vllm_capture_guard.lab import oracle
 from vllm_capture_guard.tools.tree.files import SIDECAR
 from vllm_capture_guard.tools.tree.plan import FILES
 
@@ -87,7 +87,7 @@ def patched(request, tmp_path_factory) -> Patched:
     apply = run_in(off, "-m", "vllm_capture_guard", "patch", "--apply")
     after = run_in(off, *CHECK)
     out = root.parent / f"{version}-patched-off.json"
-    oracle_cli = ("-m", "vllm_capture_guard.tools.oracle", "record")
+    oracle_cli = ("-m", "vllm_capture_guard.lab.oracle", "record")
     rec = run_in(off, *oracle_cli, "--out", str(out))
     assert rec.returncode == 0, rec.stderr[-3000:]
     status = run_in(

@@ -83,8 +83,8 @@ import pytest
 from tests.tools.overlay import PURELIB, make_overlay, release_base
 from tests.vllm_tree import copied_backend, sdist
 from tests.vllm_tree.plugins.load_vllm_plugins import REPORT
+from vllm_capture_guard.lab.oracle import releases
 from vllm_capture_guard.tools.audit.causes import Cause, classify
-from vllm_capture_guard.tools.oracle import releases
 
 pytestmark = pytest.mark.oracle
 

@@ -11,9 +11,9 @@ release's environment (:mod:`.releases`), then compares.
 
 Commands (exit 0 when every candidate matches, 1 when one differs)::
 
-    python -m vllm_capture_guard.tools.oracle record --out 0.28.0.json
-    python -m vllm_capture_guard.tools.oracle compare 0.29.0.json 0.28.0.json
-    python -m vllm_capture_guard.tools.oracle run --reference 0.29.0 \\
+    python -m vllm_capture_guard.lab.oracle record --out 0.28.0.json
+    python -m vllm_capture_guard.lab.oracle compare 0.29.0.json 0.28.0.json
+    python -m vllm_capture_guard.lab.oracle run --reference 0.29.0 \\
         --candidate 0.28.0 --candidate 0.27.1
 """
 
@@ -27,13 +27,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from vllm_capture_guard.lab.oracle import releases
+from vllm_capture_guard.lab.oracle.compare import compare
 from vllm_capture_guard.runtime import switch
-from vllm_capture_guard.tools.oracle import releases
-from vllm_capture_guard.tools.oracle.compare import compare
 
 REFERENCE = "0.29.0"
 CANDIDATES = ("0.28.0", "0.27.1")
-MODULE = "vllm_capture_guard.tools.oracle"
+MODULE = "vllm_capture_guard.lab.oracle"
 
 
 def record_in(
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     if args.command == "record":
-        from vllm_capture_guard.tools.oracle.record import record
+        from vllm_capture_guard.lab.oracle.record import record
 
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         result = record()

@@ -5,12 +5,12 @@
 ``compare``  two records, field by field;
 ``releases`` running a command against another release's environment
              (shared with ``scripts/version_matrix.py``);
-``cli``      ``python -m vllm_capture_guard.tools.oracle record|compare|run``.
+``cli``      ``python -m vllm_capture_guard.lab.oracle record|compare|run``.
 """
 
-from vllm_capture_guard.tools.oracle.cli import CANDIDATES, REFERENCE, main, record_in
-from vllm_capture_guard.tools.oracle.compare import Comparison, compare
-from vllm_capture_guard.tools.oracle.record import SCHEMA, record
+from vllm_capture_guard.lab.oracle.cli import CANDIDATES, REFERENCE, main, record_in
+from vllm_capture_guard.lab.oracle.compare import Comparison, compare
+from vllm_capture_guard.lab.oracle.record import SCHEMA, record
 
 __all__ = [
     "CANDIDATES",

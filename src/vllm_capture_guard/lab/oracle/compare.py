@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from vllm_capture_guard.lab.oracle.record import SCHEMA, SECTIONS
 from vllm_capture_guard.tools.contract import Change, diff
-from vllm_capture_guard.tools.oracle.record import SCHEMA, SECTIONS
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 import sys
 
-from vllm_capture_guard.tools.oracle.cli import main
+from vllm_capture_guard.lab.oracle.cli import main
 
 sys.exit(main())
