@@ -7,7 +7,10 @@ reader holds."""
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
+
+import pytest
 
 import vllm_capture_guard
 from tests.conftest import run_snippet
@@ -61,10 +64,14 @@ def test_runtime_runs_with_everything_outside_it_unimportable():
 
 
 def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, by absolute name (``from a import b``
+    counts as ``a`` and ``a.b``, since ``b`` may be a module)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: a relative import"
             found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
     return found
@@ -113,3 +120,21 @@ def test_the_runtime_is_small_and_formatted_as_ruff_formats_it():
     assert not skipped, f"fmt: skip in the runtime: {skipped}"
     lines = sum(len(p.read_text().splitlines()) for p in runtime)
     assert lines <= RUNTIME_CEILING, f"the runtime has {lines} lines"
+
+
+def test_every_python_file_carries_the_licence_line():
+    """Ours, and Apache-2.0: the first or second line of every file we keep."""
+    root = PACKAGE.parents[1]
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=root, capture_output=True, text=True
+    )
+    if tracked.returncode:
+        pytest.skip("not a git checkout")
+    names = tracked.stdout.split()
+    assert len(names) > 50
+    bare = [
+        n
+        for n in names
+        if "SPDX-License-Identifier" not in "".join((root / n).open().readlines()[:2])
+    ]
+    assert not bare, bare

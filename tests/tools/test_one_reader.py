@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """One reader per fix site of the two ROCm builders: ``status`` hands each
-fix's ``inspect()`` the source of the module this process imported,
+fix's ``read_source()`` the source of the module this process imported,
 ``patch --check`` the file's bytes. They agree on the installed release (each
 release of the matrix) and on every vendor variant of ``tests/variants.py``,
 and both follow the reader when it changes.
@@ -89,27 +89,83 @@ def test_rocm_attn_reads_as_needed_exactly_where_its_capture_zeroes_the_cpu_offs
     assert reading.needed is zeroes_cpu_offsets, reading
 
 
-def test_a_file_changed_after_import_is_not_what_runs(tmp_path, monkeypatch):
-    """An in-tree patch applied under a running process: the file no longer
-    says what runs, so status must not read it as the code it runs."""
+#: A module of ours, imported from a file, then read back (no future import
+#: here: the reading must not take the tools' own compile flags).
+VENDOR = """
+import functools
+
+
+def traced(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return fn(*args)
+
+    return wrapper
+
+
+class B:
+    def capture(self, cm):
+        def inner(x: int) -> int:
+            return x
+
+        cm.x_cpu.zero_()
+
+    @traced
+    def decorated(self, cm):
+        pass
+"""
+
+
+def _vendor(tmp_path, monkeypatch, text: str):  # noqa: ANN202
     import importlib
+
+    (tmp_path / "vendor_changed.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module("vendor_changed")
+
+
+def _why(tmp_path, module, qualname: str) -> str | None:
     import inspect
     import linecache
 
-    running = "class B:\n    def capture(self, cm):\n        cm.x_cpu.zero_()\n"
-    (tmp_path / "vendor_changed.py").write_text(running)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("vendor_changed")
+    linecache.checkcache()
+    text = inspect.getsource(module).encode()
+    src = Source.parse(tmp_path / "vendor_changed.py", "vendor_changed.py", text)
+    return static.not_as_read(src, module.B.__dict__[qualname.split(".")[1]], qualname)
 
-    def read() -> bool:
-        linecache.checkcache()
-        text = inspect.getsource(module).encode()
-        src = Source.parse(tmp_path / "vendor_changed.py", "vendor_changed.py", text)
-        return static.runs_as_read(src, module.B.capture, "B.capture")
 
-    assert read()
-    (tmp_path / "vendor_changed.py").write_text(running.replace("zero_", "fill_"))
-    assert not read()
+def test_a_file_changed_after_import_is_not_what_runs(tmp_path, monkeypatch):
+    """An in-tree patch applied under a running process: the file no longer
+    says what runs, so status must not read it as the code it runs."""
+    module = _vendor(tmp_path, monkeypatch, VENDOR)
+    assert _why(tmp_path, module, "B.capture") is None
+    for edit in (("zero_", "fill_"), ("    def capture", "\n    def capture")):
+        (tmp_path / "vendor_changed.py").write_text(VENDOR.replace(*edit))
+        why = _why(tmp_path, module, "B.capture")
+        assert why is not None and "changed since import" in why, (edit, why)
+
+
+def test_a_decorated_function_is_not_what_the_file_says(tmp_path, monkeypatch):
+    module = _vendor(tmp_path, monkeypatch, VENDOR)
+    assert _why(tmp_path, module, "B.decorated") == "B.decorated is decorated"
+
+
+def test_a_backend_that_returns_another_builder_is_in_doubt(monkeypatch, unpatched):
+    """A vendor's ROCM_ATTN that returns a builder of its own: reading
+    rocm_attn.py's builder says nothing of it."""
+    from vllm.v1.attention.backends import rocm_attn
+
+    class VendorBuilder(rocm_attn.RocmAttentionMetadataBuilder):
+        pass
+
+    monkeypatch.setattr(
+        rocm_attn.RocmAttentionBackend,
+        "get_builder_cls",
+        staticmethod(lambda: VendorBuilder),
+    )
+    reading = guard_fix.read_imported_rocm().reading
+    assert reading.needed is None, reading
+    assert "RocmAttentionBackend returns VendorBuilder" in reading.why, reading
 
 
 def test_both_follow_the_one_reader(monkeypatch):
@@ -122,7 +178,7 @@ def test_both_follow_the_one_reader(monkeypatch):
             guard_fix.FIX, guard_fix.PR, rel, model.UNRECOGNISED, "x"
         ), None
 
-    monkeypatch.setattr(guard_fix, "inspect", refuses)
+    monkeypatch.setattr(guard_fix, "read_source", refuses)
     found = both_readings()
     assert found["status"]["guard"][0] is None, found
     assert found["patch"][guard_fix.FIX] == model.UNRECOGNISED

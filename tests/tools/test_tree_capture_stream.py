@@ -195,7 +195,7 @@ def test_status_and_patch_read_a_call_with_the_same_reader(monkeypatch, tmp_path
     def readings() -> tuple[bool | None, model.State]:
         status = cs_fix._read_site("Manager.capture", function).needed
         src = Source.parse(path, "site.py", raw)
-        return status, cs_fix.inspect(src, "site.py", "Manager", "capture").state
+        return status, cs_fix.read_source(src, "site.py", "Manager", "capture").state
 
     assert readings() == (False, model.UPSTREAM)
     monkeypatch.setattr(cs_fix, "passes_stream", lambda call: False)

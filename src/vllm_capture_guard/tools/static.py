@@ -1,18 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What ``status`` needs to read vLLM's imported code: a :class:`Reading` per
-fix site, the import as ``check`` does it on a host without a GPU, and the
-source of an imported module for the fix's one reader. Each fix's reader is
-in its module of :mod:`.fixes`: ``status`` hands it the source of the module
-this process imported (:func:`imported_source`), ``patch --check`` the file's
-bytes in the tree it is given. The tools' view, never the runtime's (the
-runtime guards every call).
+"""What ``status`` needs to read vLLM's imported code with each fix's one
+reader (``read_source()`` in its module of :mod:`.fixes`, the reader that
+``patch --check`` hands a file's bytes):
+
+* :func:`imported_source`: an imported module's source, as :class:`Imported`
+  (the import done as ``check`` does it on a host without a GPU);
+* :func:`not_as_read`: why that source might not be the code that runs (a
+  decorated function, a file changed since import);
+* :func:`reading_of`: what the reader found (a ``tree.model.Finding``, in
+  ``patch``'s words) as one :class:`Reading`, one fix site in ``status``'s
+  words: needed, not needed, or in doubt.
 
 Read before the plugin patches this process (``status`` does): a patched
-backend returns the backport's builder, which reads as fixed.
-
-Reading can say "needs the fix"; where it says "fixed", the runtime still
-guards (a write through an alias, a capture bound per instance, a stream that
-is ``None`` at run time all read as fixed).
+backend returns the backport's builder, which reads as in doubt. The tools'
+view, never the runtime's: where reading says "fixed", the runtime still
+guards every call (a capture bound per instance, a stream that is ``None``
+at run time).
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ from typing import Any
 from vllm_capture_guard.tools.failure import one_line
 from vllm_capture_guard.tools.tree import model
 from vllm_capture_guard.tools.tree.source import Source, Unrecognised
-
-METHOD = "build_for_cudagraph_capture"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,41 +86,47 @@ def imported_source(name: str, rel: str) -> Imported:
     return Imported(module, source)
 
 
-def runs_as_read(source: Source, fn: object, qualname: str) -> bool:
-    """Is ``fn`` (a function this process runs) compiled from ``source``? Not
+def not_as_read(source: Source, fn: object, qualname: str) -> str | None:
+    """Why reading ``source`` says nothing of ``fn``, the function this
+    process runs as ``qualname`` (``Class.method``); None where ``fn`` is
+    compiled from exactly that source. Not so for a decorated function, or
     where the file changed after import (an in-tree patch applied under a
-    running process): then reading it says nothing of what runs."""
-    code = getattr(inspect.unwrap(fn), "__code__", None)  # type: ignore[arg-type]
+    running process)."""
+    if hasattr(fn, "__wrapped__"):
+        return f"{qualname} is decorated"
+    code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType):
-        return False
+        return f"{qualname} is not a plain function"
     try:
-        compiled = compile(source.data, str(source.path), "exec")
+        compiled = compile(source.data, str(source.path), "exec", dont_inherit=True)
     except (SyntaxError, ValueError):
-        return False
-    todo = [compiled]
-    while todo:
-        found = todo.pop()
-        if found.co_qualname == qualname:
-            return found.co_code == code.co_code and found.co_names == code.co_names
-        todo += [c for c in found.co_consts if isinstance(c, types.CodeType)]
-    return False
+        return f"{source.rel} does not compile"
+    for name in qualname.split("."):  # the class's body, then the method's
+        inner = [c for c in compiled.co_consts if isinstance(c, types.CodeType)]
+        named = [c for c in inner if c.co_name == name]
+        if len(named) != 1:
+            return f"{qualname} is not defined once in {source.rel}"
+        compiled = named[0]
+    if compiled != code:
+        changed = f"{source.rel} now says (changed since import?)"
+        return f"{qualname} does not run what {changed}"
+    return None
 
 
-def changed_since_import(where: str, qualname: str, rel: str) -> Reading:
-    """In doubt: :func:`runs_as_read` says ``qualname`` is not what ``rel`` says."""
-    why = f"{qualname} does not run what {rel} now says (changed since import?)"
-    return Reading(where, None, why)
+def in_doubt(where: str, why: str) -> Reading:
+    return Reading(where, None, f"cannot tell by reading ({why})")
 
 
-def tree_reading(
-    where: str, finding: model.Finding, needed: str, fixed: str
+def reading_of(
+    where: str, finding: model.Finding, fixed: str, needed: str | None = None
 ) -> Reading:
-    """A fix site as its reader found it, in ``status``'s words: ``needed``,
-    ``fixed`` (upstream's fix, or ours in the tree), or in doubt, with why."""
-    if finding.state == model.NEEDED:
+    """What the reader found at one fix site, in ``status``'s words: ``needed``
+    (for a finding that needs the fix), ``fixed`` (upstream's fix, or ours in
+    the files), or in doubt, with the reader's reason."""
+    if finding.state == model.NEEDED and needed is not None:
         return Reading(where, True, needed)
     if finding.state == model.APPLIED:
         return Reading(where, False, f"{fixed} (the in-tree fix)")
     if finding.state in (model.UPSTREAM, model.ABSENT):
         return Reading(where, False, fixed)
-    return Reading(where, None, f"cannot tell by reading ({finding.detail})")
+    return in_doubt(where, finding.detail)

@@ -3,13 +3,19 @@
 module per patch, named after it (``builder-capture-guard`` is
 :mod:`.builder_capture_guard`), found through the list of patches. Each holds
 
-* ``readings()``: ``status``'s reading of the imported code, one
-  :class:`.static.Reading` per fix site;
+* one reader per fix site, ``read_source()`` (the capture stream's is
+  ``passes_stream()``, one call at a time): ``readings()`` hands it the
+  imported code's source and words what it found as one
+  :class:`.static.Reading` per site, for ``status``; ``tree_findings()``
+  hands it the file's bytes, for ``patch``;
 * ``CONSEQUENCE``: what a needed fix prevents, in the words of its failure;
 * ``undo()``: put back what the patch installed (tests and tools; ``vllm
   serve`` never does); :func:`.revert.revert` calls it;
 * ``TREE_FILES`` and ``tree_findings(sources, broken, tree, context)``: its
-  in-tree form, for ``vllm-capture-guard patch`` (empty and ``[]`` for none).
+  in-tree form, for ``vllm-capture-guard patch`` (empty and ``[]`` for none);
+* ``judgements(checked)`` and ``fails_as(judgement)``: ``check``'s checks of
+  it and the verdict's words for a failure (``[]``: ``check`` has none).
+  Every module has them: :func:`.verdict.judge` calls each.
 
 The patch itself declares its name, PR, the vLLM modules it applies on, its
 attention backends and its target classes (:class:`.patching.Patch`)."""

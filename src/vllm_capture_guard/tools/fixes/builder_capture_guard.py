@@ -1,8 +1,9 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the tools know of the capture guard, runtime patch
 ``builder-capture-guard`` (:mod:`vllm_capture_guard.runtime.guard`), beyond
 what the runtime loads:
 
-* :func:`inspect`, the one reader of ``rocm_attn.py``: ``status`` hands it the
+* :func:`read_source`, the one reader of ``rocm_attn.py``: ``status`` hands it the
   source of the module this process imported (:func:`readings`), ``patch
   --check`` the file's bytes in the tree it is given (:func:`tree_findings`);
 * the in-tree form for image builders: vLLM PR #51585 written into
@@ -31,8 +32,9 @@ Recognised, by structure (anything else is refused):
   in the module;
 * the device offsets are zeroed by one such statement on
   ``<param>.query_start_loc``, and the capture mentions them nowhere else;
-* the capture names no other host field (:func:`host_fields_named`), on any
-  object: reading could not tell what it does to it.
+* the capture is not decorated, and names no other host field
+  (:func:`.tree.capture.host_fields_named`), on any object: reading could
+  not tell what it does to it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ from vllm_capture_guard.runtime import patching
 from vllm_capture_guard.runtime.guard import install as guard
 from vllm_capture_guard.tools import revert, static
 from vllm_capture_guard.tools.tree import model
+from vllm_capture_guard.tools.tree.capture import (
+    capture_params,
+    check_param_use,
+    host_fields_named,
+    zeroes,
+)
 from vllm_capture_guard.tools.tree.source import (
     PROJECT,
     Edit,
@@ -53,27 +61,20 @@ from vllm_capture_guard.tools.tree.source import (
     Unrecognised,
     body_without_docstring,
     contains,
-    is_int,
-    is_name,
     marker,
     mentions,
-    walk_with_parents,
 )
-
-try:
-    from vllm_capture_guard.runtime.guard.metadata import is_host_field
-except ImportError:  # an older runtime (the GPU start-up comparison's baseline)
-    from vllm_capture_guard.runtime.guard import is_host_field
 
 CONSEQUENCE = "later builders read it (MiniMax-M3: assert decode_query_len > 0)"
 
 ROCM_MODULE = "vllm.v1.attention.backends.rocm_attn"
+ROCM_BACKEND = "RocmAttentionBackend"
 ROCM_LABEL = "ROCM_ATTN"
 
 
 @dataclasses.dataclass(frozen=True)
 class RocmRead:
-    """``rocm_attn.py`` as this process imported it, read by :func:`inspect`."""
+    """``rocm_attn.py`` as this process imported it, read by :func:`read_source`."""
 
     reading: static.Reading  # in status's words, for ROCM_ATTN
     capture: Capture | None  # what the AITER fix's reader needs, if recognised
@@ -81,19 +82,32 @@ class RocmRead:
 
 def read_imported_rocm() -> RocmRead:
     """The imported ``rocm_attn``: does its builder's capture zero the CPU
-    offsets? The source read must be the code that runs."""
+    offsets? Only where the source read is the code that runs."""
     imported = static.imported_source(ROCM_MODULE, FILE)
     if imported.source is None:
         return RocmRead(imported.unread(ROCM_LABEL), None)
-    builder = getattr(imported.module, CLASS, None)
-    running = patching.original_of(getattr(builder, METHOD, None))
-    qualname = f"{CLASS}.{METHOD}"
-    if not static.runs_as_read(imported.source, running, qualname):
-        return RocmRead(static.changed_since_import(ROCM_LABEL, qualname, FILE), None)
-    found, capture = inspect(imported.source, FILE)
+    found, capture = read_source(imported.source, FILE)
+    if found.state != model.UNRECOGNISED:
+        why = _not_what_runs(imported)
+        if why:
+            return RocmRead(static.in_doubt(ROCM_LABEL, why), None)
     needed = f"{CLASS}'s capture zeroes {CPU}"
     fixed = f"{CLASS}'s capture leaves the host fields alone"
-    return RocmRead(static.tree_reading(ROCM_LABEL, found, needed, fixed), capture)
+    return RocmRead(static.reading_of(ROCM_LABEL, found, fixed, needed), capture)
+
+
+def _not_what_runs(imported: static.Imported) -> str | None:
+    """Why the capture read is not the one ROCM_ATTN runs: its backend returns
+    another builder, or the capture is not what the file says."""
+    try:
+        backend = getattr(imported.module, ROCM_BACKEND)
+        builder = getattr(imported.module, CLASS)
+        if backend.get_builder_cls() is not builder:
+            return f"{ROCM_BACKEND} returns {backend.get_builder_cls().__name__}"
+        running = patching.original_of(vars(builder).get(METHOD))
+        return static.not_as_read(imported.source, running, f"{CLASS}.{METHOD}")
+    except Exception as e:  # whatever the module holds, status goes on
+        return f"{type(e).__name__}: {e}"
 
 
 def readings() -> list[static.Reading]:
@@ -102,7 +116,15 @@ def readings() -> list[static.Reading]:
     from vllm_capture_guard.tools.fixes import rocm_aiter_unified_builder as aiter
 
     rocm = read_imported_rocm()
-    return [rocm.reading, aiter.read_imported(rocm, for_guard=True)]
+    found = aiter.read_imported_aiter(rocm)
+    if found.unread is not None:
+        aiter_row = found.unread
+    elif found.finding.state == model.NEEDED:  # it returns the ROCm builder
+        aiter_row = dataclasses.replace(rocm.reading, where=aiter.LABEL)
+    else:
+        own = f"{aiter.BUILDER}'s capture leaves the host fields alone"
+        aiter_row = static.reading_of(aiter.LABEL, found.finding, own)
+    return [rocm.reading, aiter_row]
 
 
 def undo() -> bool:
@@ -211,84 +233,12 @@ class Capture:
     cpu_zero: ast.stmt | None
 
 
-def zeroes(stmt: ast.stmt, param: str, field: str) -> bool:
-    """``<param>.<field>.zero_()`` or ``<param>.<field>.fill_(0)``."""
-    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
-        return False
-    call = stmt.value
-    func = call.func
-    if not isinstance(func, ast.Attribute) or call.keywords:
-        return False
-    if func.attr == "zero_":
-        ok_args = not call.args
-    elif func.attr == "fill_":
-        ok_args = len(call.args) == 1 and is_int(call.args[0], 0)
-    else:
-        return False
-    target = func.value
-    return (
-        ok_args
-        and isinstance(target, ast.Attribute)
-        and target.attr == field
-        and is_name(target.value, param)
-    )
-
-
-def _is_self_build(node: ast.AST | None) -> bool:
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "build"
-        and is_name(node.func.value, "self")
-    )
-
-
-def check_param_use(src: Source, fn: ast.FunctionDef, param: str) -> None:
-    """The metadata parameter may be read from and handed to ``self.build``
-    only (see the module docstring)."""
-    for node, parent in walk_with_parents(fn):
-        if not is_name(node, param):
-            continue
-        assert isinstance(node, ast.Name)
-        if isinstance(node.ctx, (ast.Store, ast.Del)):
-            raise Unrecognised(
-                f"{src.rel}:{node.lineno}: {fn.name} rebinds its parameter {param}"
-            )
-        if isinstance(parent, ast.Attribute):
-            continue
-        if _is_self_build(parent):
-            continue
-        raise Unrecognised(
-            f"{src.rel}:{node.lineno}: {fn.name} hands {param} to "
-            f"`{src.text(parent or node)}`; cannot tell whether that writes the "
-            f"offsets"
-        )
-
-
-def host_fields_named(fn: ast.FunctionDef) -> list[ast.Attribute]:
-    """Each ``<anything>.<host field>`` in ``fn`` (the runtime's rule of what a
-    host field is, :func:`is_host_field`)."""
-    return [
-        node
-        for node in ast.walk(fn)
-        if isinstance(node, ast.Attribute) and is_host_field(node.attr)
-    ]
-
-
-def capture_params(src: Source, fn: ast.FunctionDef) -> str:
-    args = fn.args
-    positional = [*args.posonlyargs, *args.args]
-    if len(positional) < 2 or positional[0].arg != "self":
-        raise Unrecognised(
-            f"{src.rel}:{fn.lineno}: {fn.name} does not take (self, metadata)"
-        )
-    return positional[1].arg
-
-
 def analyse(src: Source) -> tuple[ast.FunctionDef, Capture]:
     """Recognise the capture, or raise :class:`Unrecognised`."""
     cls = src.top_class(CLASS)
     fn = src.method(cls, METHOD)
+    if fn.decorator_list:
+        raise Unrecognised(f"{src.rel}:{fn.lineno}: {CLASS}.{METHOD} is decorated")
     param = capture_params(src, fn)
     check_param_use(src, fn, param)
     body = body_without_docstring(fn.body)
@@ -321,7 +271,7 @@ def analyse(src: Source) -> tuple[ast.FunctionDef, Capture]:
     return fn, capture
 
 
-def inspect(src: Source | None, rel: str) -> tuple[model.Finding, Capture | None]:
+def read_source(src: Source | None, rel: str) -> tuple[model.Finding, Capture | None]:
     """What this tree's ``rocm_attn.py`` needs; never raises."""
 
     def finding(state: str, detail: str, edits: tuple[Edit, ...] = ()):
@@ -393,5 +343,5 @@ def tree_findings(
     rel = tree.rel(FILE)
     if FILE in broken:
         return [model.Finding(FIX, PR, rel, model.UNRECOGNISED, broken[FILE])]
-    found, context[ROCM_CAPTURE] = inspect(sources[FILE], rel)
+    found, context[ROCM_CAPTURE] = read_source(sources[FILE], rel)
     return [found]

@@ -245,7 +245,7 @@ def _indent(src: Source, lineno: int) -> bytes:
     return line[: len(line) - len(line.lstrip())]
 
 
-def inspect(src: Source | None, rel: str, cls: str, method: str) -> model.Finding:
+def read_source(src: Source | None, rel: str, cls: str, method: str) -> model.Finding:
     """What this file needs; never raises."""
 
     def finding(state: model.State, detail: str, edits: tuple[Edit, ...] = ()):
@@ -254,12 +254,12 @@ def inspect(src: Source | None, rel: str, cls: str, method: str) -> model.Findin
     if src is None:
         return finding(model.ABSENT, f"{rel} is not in this tree; nothing to fix")
     try:
-        return _inspect(src, cls, method, finding)
+        return _read(src, cls, method, finding)
     except Unrecognised as e:
         return finding(model.UNRECOGNISED, str(e))
 
 
-def _inspect(src: Source, cls: str, method: str, finding) -> model.Finding:
+def _read(src: Source, cls: str, method: str, finding) -> model.Finding:
     _check_torch(src)
     fn = src.method(src.top_class(cls), method)
     calls = _graph_calls(src, fn)
@@ -322,5 +322,5 @@ def tree_findings(
                 model.Finding(FIX, PR, rel, model.UNRECOGNISED, broken[inside])
             )
         else:
-            found.append(inspect(sources[inside], rel, cls, method))
+            found.append(read_source(sources[inside], rel, cls, method))
     return found

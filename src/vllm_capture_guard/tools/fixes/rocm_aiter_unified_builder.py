@@ -2,15 +2,14 @@
 """What the tools know of runtime patch ``rocm-aiter-unified-builder``
 (:mod:`vllm_capture_guard.runtime.patches.rocm_aiter_unified_builder`):
 
-* :func:`inspect`, the one reader of ``rocm_aiter_unified_attn.py``: ``status``
-  hands it the source of the module this process imported (:func:`readings`),
-  ``patch --check`` the file's bytes in the tree it is given;
+* :func:`read_source`, the one reader of ``rocm_aiter_unified_attn.py``:
+  ``status`` hands it the imported module's source (:func:`readings`),
+  ``patch --check`` the file's bytes;
 * the in-tree form (:data:`TREE_FILES`, :func:`tree_findings`): vLLM PR #53821,
   ROCM_AITER_UNIFIED_ATTN gets its own metadata builder, whose capture leaves
   the query offsets alone;
-* :func:`undo`, and :data:`CONSEQUENCE` in ``status``'s words;
-* :func:`judgements`: ``check``'s check of it (the AITER unified capture
-  keeps the offsets its kernel reads at replay), and :func:`fails_as`.
+* :func:`undo`, :data:`CONSEQUENCE`; :func:`judgements` and :func:`fails_as`,
+  ``check``'s check (the capture keeps the offsets its kernel reads).
 
 The in-tree form, in ``vllm/v1/attention/backends/rocm_aiter_unified_attn.py``: in
 0.27.x/0.28.0 ``RocmAiterUnifiedAttentionBackend.get_builder_cls()`` returns
@@ -19,14 +18,12 @@ unified kernel reads at replay. The edit inserts our own subclass, named as
 upstream's (:data:`BUILDER`), before the backend class, and makes
 ``get_builder_cls()`` return it.
 
-Its capture is the one the runtime patch installs
-(:mod:`vllm_capture_guard.runtime.patches.rocm_aiter_unified_builder`):
+Its capture is the one the runtime patch installs:
 ``self.build(0, common_attn_metadata)`` (the inherited hot path), the
 returned ``seq_lens`` set to 1, and no other write. It does not zero the
 offsets and put them back: a host write to the runner's pinned
 ``query_start_loc_cpu`` could race the non-blocking copy to the device that
-vLLM issued just before capture. The differential oracle checks it against
-0.29.0.
+vLLM issued just before capture. The oracle checks it against 0.29.0.
 
 Recognised, by structure (anything else is refused):
 
@@ -38,11 +35,12 @@ Recognised, by structure (anything else is refused):
 * or it returns :data:`BUILDER`, a module-level subclass of
   ``RocmAttentionMetadataBuilder`` with its own capture that hands its
   metadata only to ``self.build`` and never names ``query_start_loc``,
-  ``query_start_loc_cpu`` or any other host field: upstream's fix (no
-  marker); or ours (markers, and the class is exactly the block we insert).
+  ``query_start_loc_cpu`` or any other host field, and is not decorated:
+  upstream's fix (no marker); or ours (markers, and the class is exactly the
+  block we insert).
 
-``status`` reads the backend vLLM has by that name only; the runtime also
-guards a vendor's backend derived from it.
+``status`` reads only the backend of that name; the runtime also guards a
+vendor's backend derived from it.
 """
 
 from __future__ import annotations
@@ -62,12 +60,14 @@ from vllm_capture_guard.tools.fixes.builder_capture_guard import (
     ROCM_CAPTURE,
     Capture,
     RocmRead,
-    capture_params,
-    check_param_use,
-    host_fields_named,
     read_imported_rocm,
 )
 from vllm_capture_guard.tools.tree import model
+from vllm_capture_guard.tools.tree.capture import (
+    capture_params,
+    check_param_use,
+    host_fields_named,
+)
 from vllm_capture_guard.tools.tree.source import (
     PROJECT,
     Edit,
@@ -84,37 +84,61 @@ CONSEQUENCE = "the AITER kernel reads it at replay"
 LABEL = "ROCM_AITER_UNIFIED_ATTN"
 
 
-def read_imported(rocm: RocmRead, for_guard: bool = False) -> static.Reading:
-    """The imported AITER unified module, read by :func:`inspect`: does its
-    backend's builder zero the query offsets (this fix), or a host value
-    (``for_guard``: the capture guard's reading, which is the ROCm builder's
-    where the backend returns that one)?"""
+@dataclasses.dataclass(frozen=True)
+class AiterRead:
+    """``rocm_aiter_unified_attn.py`` as this process imported it, read by
+    :func:`read_source`: what the reader found, or why it has nothing to go by."""
+
+    finding: model.Finding | None
+    unread: static.Reading | None = None  # set where finding is None
+
+
+def read_imported_aiter(rocm: RocmRead) -> AiterRead:
+    """The imported AITER unified module: does its backend return the ROCm
+    builder (the fix is needed) or its own? Only where the source read is the
+    code that runs."""
     imported = static.imported_source(runtime.MODULE, FILE)
     if imported.source is None:
-        return imported.unread(LABEL)
-    getter = vars(getattr(imported.module, BACKEND, object)).get(GETTER)
-    running = patching.original_of(getattr(getter, "__func__", getter))
-    qualname = f"{BACKEND}.{GETTER}"
-    if not static.runs_as_read(imported.source, running, qualname):
-        return static.changed_since_import(LABEL, qualname, FILE)
-    found = inspect(imported.source, FILE, rocm.capture)
-    if for_guard and found.state == model.NEEDED:  # it uses the ROCm builder
-        return dataclasses.replace(rocm.reading, where=LABEL)
-    if for_guard:
-        own = f"{BUILDER}'s capture leaves the host fields alone"
-        return static.tree_reading(LABEL, found, needed="", fixed=own)
-    return static.tree_reading(
-        LABEL,
-        found,
-        needed=f"{BACKEND}.{GETTER} returns {PARENT}, whose capture zeroes {DEVICE}",
-        fixed=f"{BUILDER}'s capture leaves {DEVICE} alone",
-    )
+        return AiterRead(None, imported.unread(LABEL))
+    found = read_source(imported.source, FILE, rocm.capture)
+    if found.state != model.UNRECOGNISED:
+        why = _not_what_runs(imported, found)
+        if why:
+            return AiterRead(None, static.in_doubt(LABEL, why))
+    return AiterRead(found)
+
+
+def _not_what_runs(imported: static.Imported, found: model.Finding) -> str | None:
+    """Why the reading is not what the backend runs: its ``get_builder_cls``
+    or its own builder's capture is not what the file says, or it returns
+    another builder than the one read."""
+    try:
+        backend = getattr(imported.module, BACKEND)
+        getter = patching.original_of(vars(backend).get(GETTER))
+        why = static.not_as_read(imported.source, getter, f"{BACKEND}.{GETTER}")
+        if why:
+            return why
+        read = PARENT if found.state == model.NEEDED else BUILDER
+        builder = getattr(imported.module, read)
+        if backend.get_builder_cls() is not builder:
+            return f"{BACKEND} returns {backend.get_builder_cls().__name__}"
+        if read == PARENT:  # the ROCm builder, read with rocm_attn.py
+            return None
+        capture = patching.original_of(vars(builder).get(METHOD))
+        return static.not_as_read(imported.source, capture, f"{BUILDER}.{METHOD}")
+    except Exception as e:  # whatever the module holds, status goes on
+        return f"{type(e).__name__}: {e}"
 
 
 def readings() -> list[static.Reading]:
     """The AITER unified backend: does its builder's capture zero the query
     offsets that its kernel reads at replay?"""
-    return [read_imported(read_imported_rocm())]
+    found = read_imported_aiter(read_imported_rocm())
+    if found.unread is not None:
+        return [found.unread]
+    needed = f"{BACKEND}.{GETTER} returns {PARENT}, whose capture zeroes {DEVICE}"
+    fixed = f"{BUILDER}'s capture leaves {DEVICE} alone"
+    return [static.reading_of(LABEL, found.finding, fixed, needed)]
 
 
 def undo() -> bool:
@@ -262,6 +286,8 @@ def _builder_class(src: Source) -> ast.ClassDef:
     if len(cls.bases) != 1 or not is_name(cls.bases[0], PARENT) or cls.keywords:
         raise Unrecognised(f"{src.rel}:{cls.lineno}: {BUILDER} is not a {PARENT}")
     fn = src.method(cls, METHOD)
+    if fn.decorator_list:
+        raise Unrecognised(f"{src.rel}:{fn.lineno}: {BUILDER}.{METHOD} is decorated")
     check_param_use(src, fn, capture_params(src, fn))
     for field in (DEVICE, CPU):
         found = mentions(cls, field)
@@ -290,7 +316,7 @@ def _block_lines() -> list[bytes]:
     return [*BLOCK, *([b""] * BLANK_AFTER)]
 
 
-def inspect(src: Source | None, rel: str, capture: Capture | None) -> model.Finding:
+def read_source(src: Source | None, rel: str, capture: Capture | None) -> model.Finding:
     """What this tree's ``rocm_aiter_unified_attn.py`` needs; never raises.
 
     ``capture`` is the ROCm builder's capture as :mod:`.builder_capture_guard`
@@ -302,12 +328,12 @@ def inspect(src: Source | None, rel: str, capture: Capture | None) -> model.Find
     if src is None:
         return finding(model.ABSENT, f"{rel} is not in this tree; nothing to fix")
     try:
-        return _inspect(src, capture, finding)
+        return _read(src, capture, finding)
     except Unrecognised as e:
         return finding(model.UNRECOGNISED, str(e))
 
 
-def _inspect(src: Source, capture: Capture | None, finding) -> model.Finding:
+def _read(src: Source, capture: Capture | None, finding) -> model.Finding:
     backend = src.top_class(BACKEND)
     getter, returned = _getter(src, backend)
     ret = body_without_docstring(getter.body)[0]
@@ -371,4 +397,4 @@ def tree_findings(
     rel = tree.rel(FILE)
     if FILE in broken:
         return [model.Finding(FIX, PR, rel, model.UNRECOGNISED, broken[FILE])]
-    return [inspect(sources[FILE], rel, context.get(ROCM_CAPTURE))]
+    return [read_source(sources[FILE], rel, context.get(ROCM_CAPTURE))]
