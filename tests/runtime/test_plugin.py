@@ -268,6 +268,12 @@ def test_former_name_in_disable_switches_the_patch_off_with_one_warning(
     assert [w for w in warnings() if switch.DISABLE_ENV in w] == [
         said[0].split("vllm-capture-guard: ", 1)[1]
     ]
+    from vllm_capture_guard.tools.status import _disabled
+
+    assert _disabled("builder-capture-guard") == (
+        f"builder-capture-guard is listed in {switch.DISABLE_ENV} by its former "
+        "name rocm-attn-cpu-offsets"
+    )
 
 
 FACTORY = """

@@ -205,9 +205,10 @@ def finish(told: Story) -> Story:
 
 def warnings(told: Story | None = None) -> list[str]:
     """What the operator must be told, each once: a bad ``VLLM_CAPTURE_GUARD``
-    value, ``VLLM_CAPTURE_GUARD_DISABLE`` names that are no patch (the plugin
-    logs both only where it acts, and the tools keep vLLM's log quiet), and
-    the plugin's own warnings and failures in this process."""
+    value, ``VLLM_CAPTURE_GUARD_DISABLE`` names that are no patch or a patch's
+    former name (the plugin logs these only where it acts, and the tools keep
+    vLLM's log quiet), and the plugin's own warnings and failures in this
+    process."""
     from vllm_capture_guard.runtime.patches import switch_problems
     from vllm_capture_guard.runtime.plugin import report
 

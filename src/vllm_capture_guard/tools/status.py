@@ -124,6 +124,18 @@ def _unread(found: list[Need], installed: set[str]) -> list[str]:
     return out
 
 
+def _disabled(name: str) -> str:
+    """Why a needed patch is off: its name, or a former one, in the switch."""
+    from vllm_capture_guard.tools import fixes
+
+    listed = switch.disabled_patches()
+    if name in listed:
+        return f"{name} is listed in {switch.DISABLE_ENV}"
+    former = [old for old in fixes.by_name(name).former_names if old in listed]
+    by = f" by its former name {former[0]}" if former else ""
+    return f"{name} is listed in {switch.DISABLE_ENV}{by}"
+
+
 def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
     """``(verdict, why, simulated)``: load the plugins as ``check`` does and
     see whether every needed fix comes out installed. A fix whose code could
@@ -159,7 +171,7 @@ def protection(host: Any, found: list[Need]) -> tuple[str, str, bool]:
         if outcome is None:
             problems.append(f"{need.name} was not applied")
         elif outcome.status is Status.DISABLED:
-            problems.append(f"{need.name} is listed in {switch.DISABLE_ENV}")
+            problems.append(_disabled(need.name))
         elif outcome.status is Status.INCOMPLETE:
             problems.append(f"{need.name} is incomplete ({outcome.warning})")
         elif outcome.status not in fixed:

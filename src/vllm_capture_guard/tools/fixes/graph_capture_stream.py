@@ -32,9 +32,10 @@ Recognised, by structure (anything else is refused):
 
 * ``torch`` is ``import torch`` at module level, and the class has the method
   as a plain ``def`` holding at least one ``torch.cuda.graph(...)`` call;
-* a call without a stream is on one line of its own, ends in ``)`` with no
-  trailing comma, and ``current_stream`` is bound nowhere in the module: the
-  fix applies;
+* a call without a stream (a literal ``None`` stream counts as none, and is
+  refused: the fix would have to change an argument, not add one) is on one
+  line of its own, ends in ``)`` with no trailing comma, and
+  ``current_stream`` is bound nowhere in the module: the fix applies;
 * every call passes a stream and there is no marker: upstream's fix;
 * or markers exactly above our import and above each call that passes
   ``stream=current_stream()``, and no call without a stream: ours.
