@@ -199,3 +199,25 @@ def test_status_and_patch_check_agree_on_each_vendor_variant(name, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert_agree(found, name)
+
+
+def test_a_vendors_derived_aiter_backend_is_in_doubt(unpatched):
+    """A vendor's backend derived from the AITER unified one, with a builder of
+    its own: the reader reads only the file's backend, so neither fix may read
+    as "not needed" for it (status would say "not affected")."""
+    import gc
+
+    from vllm.v1.attention.backends import rocm_aiter_unified_attn as aiter
+
+    class VendorAiterBackend(aiter.RocmAiterUnifiedAttentionBackend):
+        @staticmethod
+        def get_builder_cls():  # noqa: ANN205
+            return object
+
+    try:
+        for rows in (guard_fix.readings(), aiter_fix.readings()):
+            (row,) = [r for r in rows if r.where == "VendorAiterBackend"]
+            assert row.needed is None, row
+    finally:
+        del VendorAiterBackend
+        gc.collect()

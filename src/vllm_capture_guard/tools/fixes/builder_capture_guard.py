@@ -124,7 +124,7 @@ def readings() -> list[static.Reading]:
     else:
         own = f"{aiter.BUILDER}'s capture leaves the host fields alone"
         aiter_row = static.reading_of(aiter.LABEL, found.finding, own)
-    return [rocm.reading, aiter_row]
+    return [rocm.reading, aiter_row, *aiter.derived()]
 
 
 def undo() -> bool:

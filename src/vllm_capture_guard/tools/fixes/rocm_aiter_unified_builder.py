@@ -39,8 +39,8 @@ Recognised, by structure (anything else is refused):
   upstream's fix (no marker); or ours (markers, and the class is exactly the
   block we insert).
 
-``status`` reads only the backend of that name; the runtime also guards a
-vendor's backend derived from it.
+``status`` reads only the backend of that name: a vendor's backend derived
+from it reads as in doubt (:func:`derived`); the runtime guards it too.
 """
 
 from __future__ import annotations
@@ -86,8 +86,7 @@ LABEL = "ROCM_AITER_UNIFIED_ATTN"
 
 @dataclasses.dataclass(frozen=True)
 class AiterRead:
-    """``rocm_aiter_unified_attn.py`` as this process imported it, read by
-    :func:`read_source`: what the reader found, or why it has nothing to go by."""
+    """The imported AITER unified module: the reader's finding, or why none."""
 
     finding: model.Finding | None
     unread: static.Reading | None = None  # set where finding is None
@@ -109,9 +108,8 @@ def read_imported_aiter(rocm: RocmRead) -> AiterRead:
 
 
 def _not_what_runs(imported: static.Imported, found: model.Finding) -> str | None:
-    """Why the reading is not what the backend runs: its ``get_builder_cls``
-    or its own builder's capture is not what the file says, or it returns
-    another builder than the one read."""
+    """Why the reading is not what the backend runs: its getter or its builder's
+    capture is not what the file says, or it returns another builder."""
     try:
         backend = getattr(imported.module, BACKEND)
         getter = patching.original_of(vars(backend).get(GETTER))
@@ -130,6 +128,16 @@ def _not_what_runs(imported: static.Imported, found: model.Finding) -> str | Non
         return f"{type(e).__name__}: {e}"
 
 
+def derived() -> list[static.Reading]:
+    """Each vendor's backend derived from this one with its own builder: in doubt."""
+    rows = []
+    for backend in runtime.backends():
+        if backend.__name__ != BACKEND:
+            why = f"{backend.__name__} has a builder of its own, not read here"
+            rows.append(static.in_doubt(backend.__name__, why))
+    return rows
+
+
 def readings() -> list[static.Reading]:
     """The AITER unified backend: does its builder's capture zero the query
     offsets that its kernel reads at replay?"""
@@ -138,7 +146,7 @@ def readings() -> list[static.Reading]:
         return [found.unread]
     needed = f"{BACKEND}.{GETTER} returns {PARENT}, whose capture zeroes {DEVICE}"
     fixed = f"{BUILDER}'s capture leaves {DEVICE} alone"
-    return [static.reading_of(LABEL, found.finding, fixed, needed)]
+    return [static.reading_of(LABEL, found.finding, fixed, needed), *derived()]
 
 
 def undo() -> bool:
@@ -158,10 +166,12 @@ def undo() -> bool:
     return undone
 
 
+NOT_REACHED = "the runner did not reach"
+
+
 def judgements(checked: Any) -> list[Any]:
-    """The AITER unified backend's capture must leave the device offsets as the
-    batch had them: its kernel reads them at replay. Judged on the sizes the
-    runner reached (:class:`.verdict.Checked`)."""
+    """The AITER unified capture must leave the device offsets as the batch had
+    them, as its kernel reads them at replay (:class:`.verdict.Checked`)."""
     from vllm_capture_guard.tools.verdict import Judgement, size_words
 
     patch = runtime.RocmAiterUnifiedBuilder
@@ -173,22 +183,13 @@ def judgements(checked: Any) -> list[Any]:
         bad = [
             r for r in runs if r.query_start_loc_after != r.query_start_loc_cpu_before
         ]
-        judgement = Judgement(
-            f"{backend} keeps the query offsets its kernel reads (PR {patch.pr})",
-            patch.name,
-            patch.pr,
-            not bad,
-            len(runs) - len(bad),
-            len(runs),
-            checked.unit,
-            failed_sizes=[r.num_tokens for r in bad if r.num_tokens],
-            kind="replay",
-        )
-        unreached = checked.total(runs) - len(runs)
-        if unreached:  # the runner stopped at a failure: not all reached
-            judgement.note = (
-                f"not checked: the {unreached} sizes the runner did not reach"
-            )
+        title = f"{backend} keeps the query offsets its kernel reads (PR {patch.pr})"
+        counts = (not bad, len(runs) - len(bad), len(runs), checked.unit)
+        sizes = [r.num_tokens for r in bad if r.num_tokens]
+        judgement = Judgement(title, patch.name, patch.pr, *counts, failed_sizes=sizes)
+        judgement.kind = "replay"
+        if unreached := checked.total(runs) - len(runs):  # the runner stopped
+            judgement.note = f"not checked: the {unreached} sizes {NOT_REACHED}"
         if bad:
             judgement.failure = (
                 "its capture changes the device query_start_loc that the kernel "
@@ -312,10 +313,6 @@ def _insertion_line(src: Source, backend: ast.ClassDef) -> int:
     return at
 
 
-def _block_lines() -> list[bytes]:
-    return [*BLOCK, *([b""] * BLANK_AFTER)]
-
-
 def read_source(src: Source | None, rel: str, capture: Capture | None) -> model.Finding:
     """What this tree's ``rocm_aiter_unified_attn.py`` needs; never raises.
 
@@ -358,7 +355,7 @@ def _read(src: Source, capture: Capture | None, finding) -> model.Finding:
         start, end = src.own_lines(ret)
         indent = src.indent(ret)
         edits = (
-            Edit(at, at, tuple(_block_lines())),
+            Edit(at, at, tuple([*BLOCK, *([b""] * BLANK_AFTER)])),
             Edit(
                 start,
                 end,
